@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Builds the test environment: a virtualenv with a CUDA build of torch, vLLM (no deps, plus what its
+# import path needs), this package (which compiles its C shim) and the test tools. Idempotent.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+venv=${TMAGUARD_VENV:-$root/.venv}
+python=${PYTHON:-python3}
+vllm_version=${TMAGUARD_TEST_VLLM:-0.32.0}
+torch_version=${TMAGUARD_TEST_TORCH:-2.13.0}
+stamp="$venv/.tmaguard-env-vllm$vllm_version-torch$torch_version"
+
+if [ ! -f "$stamp" ]; then
+  [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
+  pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
+  # "===" asks for exactly this version: the index config also offers a local +cpu build, which lacks
+  # libtorch_cuda.so (DESIGN.md §5).
+  "${pip[@]}" "torch===$torch_version"
+  "${pip[@]}" --no-deps "vllm==$vllm_version"
+  # What vLLM's import path needs (DESIGN.md §5); installing vLLM with its deps pins versions the
+  # index cannot always satisfy.
+  "${pip[@]}" numpy packaging regex psutil pyzmq urllib3 transformers requests cbor2 aiohttp \
+    openai-harmony openai pillow pybase64 cachetools msgspec cloudpickle uvloop py-cpuinfo \
+    prometheus_client xgrammar fastapi partial_json_parser llguidance einops
+  "${pip[@]}" pytest nvidia-ml-py typer rich ruff
+  touch "$stamp"
+fi
+"$venv/bin/python" -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps --force-reinstall "$root"

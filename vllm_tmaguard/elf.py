@@ -1,0 +1,158 @@
+"""A small, bounds-checked reader for what the dynamic loader sees in an ELF file: SONAME, NEEDED entries
+and dynamic symbols. Reads only the section headers, .dynsym, .dynstr and .dynamic through mmap, so a
+100 MB driver or extension costs a few page faults, and it never runs any of the file's code."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from dataclasses import dataclass
+
+EM_X86_64 = 62
+EM_AARCH64 = 183
+_SHT_DYNAMIC = 6
+_SHT_DYNSYM = 11
+_DT_NULL, _DT_NEEDED, _DT_SONAME = 0, 1, 14
+_STB_GLOBAL, _STB_WEAK, _STB_GNU_UNIQUE = 1, 2, 10
+_SHN_UNDEF = 0
+
+
+class ElfError(ValueError):
+    """The file is not an ELF shared object this reader can make sense of."""
+
+    def __init__(self, path: str, why: str) -> None:
+        self.path, self.why = path, why
+        super().__init__(f"{path}: {why}")
+
+
+@dataclass(frozen=True)
+class ElfInfo:
+    path: str
+    machine: int
+    soname: str | None
+    needed: tuple[str, ...]
+    defined: frozenset[str]  # global/weak symbols the file exports (filtered by the caller's prefixes)
+    undefined: frozenset[str]  # strong undefined symbols: the loader fails if none of its scope has them
+
+
+@dataclass(frozen=True)
+class _Layout:
+    header: struct.Struct
+    section: struct.Struct
+    symbol: struct.Struct
+    dyn: struct.Struct
+    symbol_fields: tuple[int, int, int]  # indices of st_name, st_info, st_shndx in symbol
+
+
+def _layout(elf_class: int, byte_order: str) -> _Layout:
+    if elf_class == 2:
+        return _Layout(
+            struct.Struct(byte_order + "HHIQQQIHHHHHH"),
+            struct.Struct(byte_order + "IIQQQQIIQQ"),
+            struct.Struct(byte_order + "IBBHQQ"),
+            struct.Struct(byte_order + "qQ"),
+            (0, 1, 3),
+        )
+    return _Layout(
+        struct.Struct(byte_order + "HHIIIIIHHHHHH"),
+        struct.Struct(byte_order + "IIIIIIIIII"),
+        struct.Struct(byte_order + "IIIBBH"),
+        struct.Struct(byte_order + "iI"),
+        (0, 3, 5),
+    )
+
+
+def _string_at(table: bytes, offset: int) -> str:
+    end = table.find(b"\0", offset)
+    if offset >= len(table) or end < 0:
+        return ""
+    return table[offset:end].decode("utf-8", "replace")
+
+
+def read_elf(path: str, prefixes: tuple[bytes, ...] | None = None, symbols: bool = True) -> ElfInfo:
+    """Reads SONAME, NEEDED and the dynamic symbols whose names start with one of `prefixes` (all if None;
+    none if not `symbols`).
+
+    Raises ElfError for anything that is not a readable, well-formed ELF file; OSError passes through
+    as ElfError too, so callers handle one exception type."""
+    try:
+        with open(path, "rb") as file:
+            size = os.fstat(file.fileno()).st_size
+            if size < 64:
+                raise ElfError(path, f"too short for an ELF header ({size} bytes)")
+            with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as image:
+                return _parse(path, image, size, prefixes, symbols)
+    except OSError as error:
+        raise ElfError(path, error.strerror or str(error)) from error
+    except (struct.error, IndexError, OverflowError, ValueError) as error:
+        if isinstance(error, ElfError):
+            raise
+        raise ElfError(path, f"malformed ELF ({error})") from error
+
+
+def _parse(
+    path: str, image: mmap.mmap, size: int, prefixes: tuple[bytes, ...] | None, symbols: bool
+) -> ElfInfo:
+    if image[:4] != b"\x7fELF":
+        raise ElfError(path, "not an ELF file (bad magic)")
+    elf_class, data = image[4], image[5]
+    if elf_class not in (1, 2) or data not in (1, 2):
+        raise ElfError(path, f"unknown ELF class/byte order ({elf_class}/{data})")
+    layout = _layout(elf_class, "<" if data == 1 else ">")
+    fields = layout.header.unpack_from(image, 16)
+    machine, shoff, shentsize, shnum = fields[1], fields[5], fields[10], fields[11]
+    if shoff == 0 or shentsize < layout.section.size:
+        raise ElfError(path, "no usable section header table")
+    if shnum == 0:  # extended numbering: the real count is in section 0's sh_size
+        shnum = layout.section.unpack_from(image, shoff)[5]
+    if shnum > 65536 or shoff + shnum * shentsize > size:
+        raise ElfError(path, "section header table runs past the end of the file")
+    sections = [layout.section.unpack_from(image, shoff + i * shentsize) for i in range(shnum)]
+
+    def section_bytes(index: int) -> bytes:
+        if not 0 <= index < len(sections):
+            raise ElfError(path, f"section index {index} out of range")
+        offset, length = sections[index][4], sections[index][5]
+        if offset + length > size:
+            raise ElfError(path, f"section {index} runs past the end of the file")
+        return image[offset : offset + length]
+
+    soname, needed = None, []
+    defined, undefined = set(), set()
+    for index, section in enumerate(sections):
+        kind, link, entsize = section[1], section[6], section[9]
+        if kind == _SHT_DYNAMIC:
+            strings = section_bytes(link)
+            for tag, value in layout.dyn.iter_unpack(_whole(section_bytes(index), layout.dyn.size)):
+                if tag == _DT_NULL:
+                    break
+                if tag == _DT_NEEDED:
+                    needed.append(_string_at(strings, value))
+                elif tag == _DT_SONAME:
+                    soname = _string_at(strings, value)
+        elif kind == _SHT_DYNSYM and symbols:
+            if entsize != layout.symbol.size:
+                raise ElfError(path, f"unexpected .dynsym entry size {entsize}")
+            strings = section_bytes(link)
+            name_at, info_at, shndx_at = layout.symbol_fields
+            for symbol in layout.symbol.iter_unpack(_whole(section_bytes(index), entsize)):
+                offset = symbol[name_at]
+                if offset == 0 or (prefixes is not None and not strings.startswith(prefixes, offset)):
+                    continue
+                binding = symbol[info_at] >> 4
+                if symbol[shndx_at] == _SHN_UNDEF:
+                    if binding == _STB_GLOBAL:
+                        undefined.add(_string_at(strings, offset))
+                elif binding in (_STB_GLOBAL, _STB_WEAK, _STB_GNU_UNIQUE):
+                    defined.add(_string_at(strings, offset))
+    return ElfInfo(path, machine, soname, tuple(needed), frozenset(defined), frozenset(undefined))
+
+
+def _whole(table: bytes, entry_size: int) -> bytes:
+    """The table cut to a whole number of entries (a truncated last entry is ignored, not a crash)."""
+    return table[: len(table) - len(table) % entry_size]
+
+
+def native_machine() -> int | None:
+    return {"x86_64": EM_X86_64, "aarch64": EM_AARCH64}.get(os.uname().machine)

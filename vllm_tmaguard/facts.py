@@ -1,0 +1,91 @@
+"""One pass of passive probes: everything the decision needs, gathered without side effects on the process
+(no CUDA context, no load of libcuda.so.1, no call into a sharing layer)."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from .elf import ElfError, ElfInfo, read_elf
+from .gpu import GpuFacts, probe_gpus
+from .layers import ENCODERS, Layer, detect_layers, gather_evidence
+from .loader import LibraryResolution, read_self_maps, resolve_library
+from .vllm_probe import DRIVER_LIBRARY, VllmFacts, probe_vllm
+
+_DRIVER_FILE = re.compile(r"^libcuda\.so\.(\d+(?:\.\d+)+)$")
+
+
+@dataclass(frozen=True)
+class DriverFacts:
+    resolution: LibraryResolution
+    info: ElfInfo | None  # SONAME, NEEDED and exported cu* names of the file that answers libcuda.so.1
+    error: str | None = None  # why that file could not be read
+    real_driver: str | None = None  # a real NVIDIA driver file behind a layer, exporting the encoders
+
+    @property
+    def path(self) -> str | None:
+        return self.resolution.path
+
+    def exports(self, symbol: str) -> bool:
+        return self.info is not None and symbol in self.info.defined
+
+
+@dataclass(frozen=True)
+class Facts:
+    gpu: GpuFacts
+    driver: DriverFacts
+    vllm: VllmFacts
+    layers: tuple[Layer, ...]
+    trigger: str
+
+
+def find_real_driver(libcuda: ElfInfo | None, driver_version: str | None) -> str | None:
+    """The real driver file the layer sits in front of: libcuda.so.<version> in the layer's directory with
+    SONAME libcuda.so.1 and the encoders, not the layer itself. Prefers NVML's driver version."""
+    if libcuda is None:
+        return None
+    layer = os.path.realpath(libcuda.path)
+    candidates = []
+    for directory in dict.fromkeys((os.path.dirname(libcuda.path), os.path.dirname(layer))):
+        try:
+            names = os.listdir(directory)
+        except OSError:
+            continue
+        for name in names:
+            match = _DRIVER_FILE.match(name)
+            path = os.path.join(directory, name)
+            if match and os.path.realpath(path) != layer:
+                candidates.append((match.group(1) == driver_version, _version_key(match.group(1)), path))
+    for _, _, path in sorted(candidates, reverse=True):
+        try:
+            info = read_elf(path, prefixes=(b"cuTensorMap",))
+        except ElfError:
+            continue
+        if info.soname == DRIVER_LIBRARY and ENCODERS[0] in info.defined:
+            return path
+    return None
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("."))
+
+
+def probe_driver(environ: Mapping[str, str], root: str, driver_version: str | None) -> DriverFacts:
+    resolution = resolve_library(DRIVER_LIBRARY, environ, root, read_self_maps())
+    if resolution.path is None:
+        return DriverFacts(resolution, None)
+    try:
+        info = read_elf(resolution.path, prefixes=(b"cu", b"g_vcuda"))
+    except ElfError as error:
+        return DriverFacts(resolution, None, error=error.why)
+    real = None if ENCODERS[0] in info.defined else find_real_driver(info, driver_version)
+    return DriverFacts(resolution, info, real_driver=real)
+
+
+def probe(environ: Mapping[str, str], root: str, trigger: str) -> Facts:
+    gpu = probe_gpus()
+    driver = probe_driver(environ, root, gpu.driver_version)
+    layers = detect_layers(gather_evidence(root, environ, driver.info))
+    return Facts(gpu=gpu, driver=driver, vllm=probe_vllm(), layers=layers, trigger=trigger)

@@ -1,0 +1,165 @@
+"""Which file answers dlopen("libcuda.so.1") in this process, worked out the way glibc's loader does it,
+without loading anything: an object already mapped, else LD_LIBRARY_PATH, /etc/ld.so.cache, the default
+directories. Fixed system paths are read under a root prefix (TMAGUARD_ROOT); paths that come from the
+environment (LD_LIBRARY_PATH) and /proc are taken as they are."""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from .elf import ElfError, ElfInfo, native_machine, read_elf
+
+_NEW_CACHE_MAGIC = b"glibc-ld.so.cache1.1"
+_CACHE_HEADER = struct.Struct("<20sIIB3xI12x")  # magic, nlibs, len_strings, flags, extension offset
+_CACHE_ENTRY = struct.Struct("<iIIIQ")  # flags, key, value, osversion, hwcap
+# The architecture bits of an entry's flags (glibc's ldconfig.h), for the machines we build for.
+_CACHE_ARCH_FLAGS = {"x86_64": 0x0300, "aarch64": 0x0A00}
+_DEFAULT_DIRS = {"x86_64": ("/lib64", "/usr/lib64"), "aarch64": ("/lib64", "/usr/lib64")}
+
+
+@dataclass(frozen=True)
+class LibraryResolution:
+    name: str
+    path: str | None  # the file the loader gives (or gave) for `name`; None: not found
+    how: str  # "mapped", "LD_LIBRARY_PATH", "ld.so.cache", "default directories", "not found"
+    mapped: tuple[str, ...]  # every mapped file whose name starts like `name` (e.g. a layer and the driver)
+    skipped: tuple[str, ...] = ()  # candidates the loader would pass over, with why
+
+
+def under_root(root: str, path: str) -> str:
+    return path if root in ("", "/") else os.path.join(root, path.lstrip("/"))
+
+
+def split_library_path(value: str, cwd: str) -> list[str]:
+    """LD_LIBRARY_PATH as glibc reads it: ':' or ';' separated; an empty entry means the current directory."""
+    if not value:
+        return []
+    entries = value.replace(";", ":").split(":")
+    return [os.path.join(cwd, entry) if not os.path.isabs(entry) else entry for entry in entries]
+
+
+def mapped_files(maps_text: str) -> list[str]:
+    """Distinct file paths mapped into a process, in order of first appearance, from /proc/PID/maps."""
+    seen: dict[str, None] = {}
+    for line in maps_text.splitlines():
+        fields = line.split(None, 5)
+        if len(fields) == 6 and fields[5].startswith("/"):
+            seen.setdefault(fields[5].removesuffix(" (deleted)"), None)
+    return list(seen)
+
+
+def read_ld_so_cache(data: bytes, machine: str) -> list[tuple[str, str]]:
+    """(library name, path) pairs for this machine's architecture from an ld.so.cache image, in cache order.
+
+    Handles the new format alone or appended to the old one; returns [] for anything it does not know."""
+    start = data.find(_NEW_CACHE_MAGIC)
+    if start < 0 or start + _CACHE_HEADER.size > len(data):
+        return []
+    _, count, _, _, _ = _CACHE_HEADER.unpack_from(data, start)
+    arch = _CACHE_ARCH_FLAGS.get(machine)
+    entries_at = start + _CACHE_HEADER.size
+    count = min(count, (len(data) - entries_at) // _CACHE_ENTRY.size)
+    pairs = []
+    for index in range(count):
+        flags, key, value, _, _ = _CACHE_ENTRY.unpack_from(data, entries_at + index * _CACHE_ENTRY.size)
+        if arch is not None and flags & 0xFF00 != arch:
+            continue
+        pairs.append((_c_string(data, start + key), _c_string(data, start + value)))
+    return pairs
+
+
+def _c_string(data: bytes, offset: int) -> str:
+    end = data.find(b"\0", offset)
+    return data[offset:end].decode("utf-8", "replace") if 0 <= offset < end else ""
+
+
+def _usable(path: str, machine: int | None) -> ElfInfo | str:
+    """The file's ELF facts if the loader would take it, else why it would pass over it."""
+    try:
+        info = read_elf(path, symbols=False)
+    except ElfError as error:
+        return error.why
+    if machine is not None and info.machine != machine:
+        return f"built for machine {info.machine}, not this one"
+    return info
+
+
+def search_order(
+    name: str, environ: Mapping[str, str], root: str, cwd: str, machine: str
+) -> Iterable[tuple[str, str]]:
+    """(candidate path, how) in the order glibc's loader tries them for a bare library name."""
+    for directory in split_library_path(environ.get("LD_LIBRARY_PATH", ""), cwd):
+        yield os.path.join(directory, name), "LD_LIBRARY_PATH"
+    try:
+        with open(under_root(root, "/etc/ld.so.cache"), "rb") as file:
+            cache = file.read()
+    except OSError:
+        cache = b""
+    for library, path in read_ld_so_cache(cache, machine):
+        if library == name:
+            yield under_root(root, path), "ld.so.cache"
+    for directory in _DEFAULT_DIRS.get(machine, ("/lib", "/usr/lib")):
+        yield under_root(root, os.path.join(directory, name)), "default directories"
+
+
+def resolve_library(
+    name: str,
+    environ: Mapping[str, str],
+    root: str = "/",
+    maps_text: str | None = None,
+    cwd: str | None = None,
+) -> LibraryResolution:
+    """The file `dlopen(name)` gives this process now. Reads files only; loads nothing."""
+    machine = os.uname().machine
+    elf_machine = native_machine()
+    stem = name.split(".so")[0]
+    mapped = tuple(
+        path for path in mapped_files(maps_text or "") if os.path.basename(path).startswith(stem + ".")
+    )
+    skipped: list[str] = []
+    first_found: tuple[str, str] | None = None
+    for path, how in search_order(name, environ, root, cwd or os.getcwd(), machine):
+        if not os.path.exists(path):
+            continue
+        verdict = _usable(path, elf_machine)
+        if isinstance(verdict, str):
+            skipped.append(f"{path}: {verdict}")
+            continue
+        first_found = (path, how)
+        break
+    if mapped:
+        return LibraryResolution(name, _answering_mapped(name, mapped, first_found), "mapped", mapped,
+                                 tuple(skipped))
+    if first_found:
+        return LibraryResolution(name, first_found[0], first_found[1], mapped, tuple(skipped))
+    return LibraryResolution(name, None, "not found", mapped, tuple(skipped))
+
+
+def _answering_mapped(name: str, mapped: tuple[str, ...], first_found: tuple[str, str] | None) -> str:
+    """Of the mapped candidates, the one a later dlopen(name) gets: the file the search order finds if it
+    is mapped (it was loaded through the name), else one mapped under the name itself (a layer installed as
+    a hard link), else one whose SONAME is the name (the real driver behind a symlink)."""
+    if first_found:
+        found = os.path.realpath(first_found[0])
+        for path in mapped:
+            if os.path.realpath(path) == found:
+                return path
+    for path in mapped:
+        if os.path.basename(path) == name:
+            return path
+    for path in mapped:
+        verdict = _usable(path, None)
+        if isinstance(verdict, ElfInfo) and verdict.soname == name:
+            return path
+    return mapped[0]
+
+
+def read_self_maps() -> str | None:
+    try:
+        with open("/proc/self/maps") as file:
+            return file.read()
+    except OSError:
+        return None

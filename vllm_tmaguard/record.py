@@ -1,0 +1,120 @@
+"""The one record per process: built from facts, decision and outcome; logged on the vllm_tmaguard logger
+in vLLM's style (or JSON) and written where `tmaguard doctor` reads it."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+from typing import Any
+
+from . import __version__
+from .actions import Outcome
+from .decision import Decision
+from .facts import Facts
+
+logger = logging.getLogger("vllm_tmaguard")
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+# vLLM's own format (vllm/logger.py), so the line sits naturally among vLLM's.
+_FORMAT = "(tmaguard pid=%(process)d) %(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s"
+_DATE_FORMAT = "%m-%d %H:%M:%S"
+
+
+def build_record(facts: Facts, decision: Decision, outcome: Outcome, mode: str, elapsed_ms: float
+                 ) -> dict[str, Any]:
+    driver = facts.driver
+    missing = {s: list(m) for s, m in facts.vllm.needs().items() if driver.info and not driver.exports(s)}
+    return {
+        "tmaguard": __version__,
+        "pid": os.getpid(),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "trigger": facts.trigger,
+        "mode": mode,
+        "summary": decision.summary,
+        "gpu": {
+            "gpus": [
+                {"index": g.index, "name": g.name, "compute_capability": "%d.%d" % g.compute_capability,
+                 "mig": g.mig, "virtualization": g.virtualization}
+                for g in facts.gpu.gpus
+            ],
+            "driver_version": facts.gpu.driver_version,
+            "cuda_driver_version": facts.gpu.cuda_driver_version,
+            "error": facts.gpu.error,
+        },
+        "layer": [{"name": layer.name, "evidence": list(layer.evidence)} for layer in facts.layers],
+        "libcuda": {
+            "path": driver.path,
+            "how": driver.resolution.how,
+            "soname": driver.info.soname if driver.info else None,
+            "mapped": list(driver.resolution.mapped),
+            "real_driver": driver.real_driver,
+            "error": driver.error,
+        },
+        "vllm": {"version": facts.vllm.version, "found": facts.vllm.found,
+                 "platform_plugins": facts.vllm.platform_plugins},
+        "missing": missing,
+        "supplied": {s: supply.library for supply in decision.supplies for s in supply.symbols if s in missing},
+        "tma": None if decision.tma is None else {"usable": decision.tma.usable, "reason": decision.tma.reason},
+        "unfixed": list(decision.unfixed),
+        "warnings": list(decision.warnings),
+        "actions": list(outcome.done) if decision.apply else [f"would: {s.library}" for s in decision.supplies],
+        "failed": list(outcome.failed),
+        "elapsed_ms": round(elapsed_ms, 2),
+    }
+
+
+def render_text(record: dict[str, Any]) -> str:
+    parts = [f"tmaguard: {record['summary']}"]
+    gpus = record["gpu"]["gpus"]
+    if gpus:
+        parts.append("gpu " + ", ".join(f"{g['name']} ({g['compute_capability']})" for g in gpus)
+                     + f", driver {record['gpu']['driver_version']}")
+    for layer in record["layer"]:
+        parts.append(f"layer {layer['name']} ({'; '.join(layer['evidence'])})")
+    if record["libcuda"]["path"]:
+        parts.append(f"libcuda.so.1 = {record['libcuda']['path']} ({record['libcuda']['how']})")
+    parts += [f"{s} <- {library} shim" for s, library in record["supplied"].items()]
+    parts += record["actions"] + [f"FAILED: {f}" for f in record["failed"]]
+    if record["tma"]:
+        parts.append(f"TMA {'usable' if record['tma']['usable'] else 'unusable'}: {record['tma']['reason']}")
+    parts += [f"PROBLEM: {u}" for u in record["unfixed"]] + [f"WARNING: {w}" for w in record["warnings"]]
+    parts.append(f"{record['elapsed_ms']} ms")
+    return "; ".join(parts)
+
+
+def _ensure_handler() -> None:
+    """Our own stream handler in vLLM's format, unless the user runs their own logging configuration."""
+    if logger.handlers or os.environ.get("VLLM_CONFIGURE_LOGGING", "1") == "0":
+        return
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter(_FORMAT, _DATE_FORMAT))
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG if os.environ.get("VLLM_LOGGING_LEVEL", "").upper() == "DEBUG"
+                    else logging.INFO)
+    logger.propagate = False
+
+
+def log_line(level: str, message: str) -> None:
+    _ensure_handler()
+    logger.log(_LEVELS[level], message, stacklevel=2)
+
+
+def emit(record: dict[str, Any], level: str, log_format: str) -> None:
+    log_line(level, json.dumps(record, sort_keys=False) if log_format == "json" else render_text(record))
+
+
+def write_record(record: dict[str, Any], record_dir: str) -> str | None:
+    """Atomically replaces <record_dir>/last.json; returns its path, or None if the directory is unusable."""
+    try:
+        os.makedirs(record_dir, mode=0o700, exist_ok=True)
+        fd, temporary = tempfile.mkstemp(dir=record_dir, prefix=".last.", suffix=".json")
+        with os.fdopen(fd, "w") as file:
+            json.dump(record, file, indent=1)
+        path = os.path.join(record_dir, "last.json")
+        os.replace(temporary, path)
+        return path
+    except OSError:
+        return None

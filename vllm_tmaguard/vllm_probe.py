@@ -1,0 +1,127 @@
+"""The installed vLLM, read from its files without importing it: version, extension modules and the
+CUDA driver entry points each one needs from libcuda.so.1."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import os
+import re
+import sys
+from dataclasses import dataclass
+
+from .elf import ElfError, read_elf
+
+DRIVER_LIBRARY = "libcuda.so.1"
+_VERSION = re.compile(r"""^(?:__version__|version)\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", re.M)
+_RECORD_EXTENSION = re.compile(r"^(vllm/[^,]*\.so),", re.M)
+_MODULE_IMPORT = re.compile(r"^import (vllm\._C\w*)", re.M)
+# CUDA driver API names: cu + an upper-case letter (cuda* is the runtime, cufft*/cublas* other libraries).
+_DRIVER_SYMBOL = re.compile(r"cu[A-Z]")
+
+
+@dataclass(frozen=True)
+class Extension:
+    module: str  # e.g. "vllm._C_stable_libtorch"
+    path: str
+    driver_symbols: frozenset[str]  # strong undefined cu* symbols, resolved from libcuda.so.1
+    error: str | None = None  # the file could not be read
+
+
+@dataclass(frozen=True)
+class VllmFacts:
+    found: bool
+    version: str | None = None
+    package_dir: str | None = None
+    extensions: tuple[Extension, ...] = ()
+    platform_plugins: bool = False  # has the vllm.platform_plugins entry-point group
+    imported_at_platform_load: tuple[str, ...] = ()  # extensions platforms/cuda.py imports at module level
+
+    def needs(self) -> dict[str, tuple[str, ...]]:
+        """Each driver symbol the extensions need, with the modules that need it."""
+        users: dict[str, list[str]] = {}
+        for extension in self.extensions:
+            for symbol in extension.driver_symbols:
+                users.setdefault(symbol, []).append(extension.module)
+        return {symbol: tuple(sorted(modules)) for symbol, modules in sorted(users.items())}
+
+
+def find_package_dir(name: str = "vllm") -> str | None:
+    """The package's directory, located like `import` would, without executing it (and without meta-path
+    hooks, so the guard's own import hook is not re-entered)."""
+    spec = importlib.machinery.PathFinder.find_spec(name, sys.path)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return list(spec.submodule_search_locations)[0]
+
+
+def _read_text(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as file:
+            return file.read()
+    except OSError:
+        return None
+
+
+def _dist_info_record(package_dir: str, version: str | None) -> str | None:
+    site = os.path.dirname(package_dir)
+    if version:
+        record = _read_text(os.path.join(site, f"vllm-{version}.dist-info", "RECORD"))
+        if record is not None:
+            return record
+    try:
+        names = [n for n in os.listdir(site) if n.startswith("vllm-") and n.endswith(".dist-info")]
+    except OSError:
+        return None
+    return _read_text(os.path.join(site, names[0], "RECORD")) if len(names) == 1 else None
+
+
+def _extension_files(package_dir: str, version: str | None) -> list[str]:
+    """Every *.so under the package: from the wheel's RECORD (cheap), else by walking the tree."""
+    site = os.path.dirname(package_dir)
+    record = _dist_info_record(package_dir, version)
+    if record is not None:
+        return sorted(os.path.join(site, f) for f in _RECORD_EXTENSION.findall(record))
+    found = []
+    for directory, _, names in os.walk(package_dir):
+        found.extend(os.path.join(directory, n) for n in names if n.endswith(".so"))
+    return sorted(found)
+
+
+def _module_name(package_dir: str, path: str) -> str:
+    relative = os.path.relpath(path, os.path.dirname(package_dir))
+    return relative.split(".", 1)[0].replace(os.sep, ".")
+
+
+def scan_extension(package_dir: str, path: str) -> Extension | None:
+    """The extension's driver needs; None when it does not link libcuda.so.1 (nothing to resolve there)."""
+    module = _module_name(package_dir, path)
+    try:
+        info = read_elf(path, prefixes=(b"cu",))
+    except ElfError as error:
+        return Extension(module, path, frozenset(), error=error.why)
+    if DRIVER_LIBRARY not in info.needed:
+        return None
+    symbols = frozenset(s for s in info.undefined if _DRIVER_SYMBOL.match(s))
+    return Extension(module, path, symbols)
+
+
+def probe_vllm(package_dir: str | None = None) -> VllmFacts:
+    package_dir = package_dir or find_package_dir()
+    if package_dir is None:
+        return VllmFacts(found=False)
+    version_text = _read_text(os.path.join(package_dir, "_version.py")) or ""
+    match = _VERSION.search(version_text)
+    version = match.group(1) if match else None
+    extensions = tuple(
+        e for path in _extension_files(package_dir, version) if (e := scan_extension(package_dir, path))
+    )
+    plugins_text = _read_text(os.path.join(package_dir, "plugins", "__init__.py")) or ""
+    cuda_text = _read_text(os.path.join(package_dir, "platforms", "cuda.py")) or ""
+    return VllmFacts(
+        found=True,
+        version=version,
+        package_dir=package_dir,
+        extensions=extensions,
+        platform_plugins="PLATFORM_PLUGINS_GROUP" in plugins_text,
+        imported_at_platform_load=tuple(dict.fromkeys(_MODULE_IMPORT.findall(cuda_text))),
+    )
