@@ -1,4 +1,4 @@
-"""Builds the C shims as plain shared libraries (loaded with dlopen, not imported) and installs the .pth hook."""
+"""Builds the C shims as plain shared libraries (dlopen-ed, not imported) and installs the .pth hook."""
 
 import os
 

@@ -20,8 +20,10 @@ def _extension(relative: str) -> str:
     return os.path.join(package, relative)
 
 
-@pytest.mark.parametrize("relative", ["_C_stable_libtorch.abi3.so", "vllm_flash_attn/_vllm_fa3_C.abi3.so",
-                                      "cumem_allocator.abi3.so"])
+@pytest.mark.parametrize(
+    "relative",
+    ["_C_stable_libtorch.abi3.so", "vllm_flash_attn/_vllm_fa3_C.abi3.so", "cumem_allocator.abi3.so"],
+)
 def test_undefined_driver_symbols_match_nm(relative: str) -> None:
     path = _extension(relative)
     info = read_elf(path, prefixes=(b"cu",))
@@ -40,7 +42,9 @@ def test_soname_and_defined_symbols_of_a_system_library() -> None:
     assert info.soname == "libc.so.6" and "malloc" in info.defined and not info.undefined
 
 
-@pytest.mark.parametrize("content", [b"", b"hello", b"\x7fELF" + b"\xff" * 60, b"\x7fELF\x02\x01" + b"\0" * 200])
+@pytest.mark.parametrize(
+    "content", [b"", b"hello", b"\x7fELF" + b"\xff" * 60, b"\x7fELF\x02\x01" + b"\0" * 200]
+)
 def test_garbage_raises_elf_error_naming_the_file(tmp_path, content: bytes) -> None:
     path = tmp_path / "lib.so"
     path.write_bytes(content)
@@ -50,7 +54,8 @@ def test_garbage_raises_elf_error_naming_the_file(tmp_path, content: bytes) -> N
 
 
 def test_truncated_real_library_raises_elf_error(tmp_path) -> None:
-    data = open("/lib/x86_64-linux-gnu/libc.so.6", "rb").read()
+    with open("/lib/x86_64-linux-gnu/libc.so.6", "rb") as file:
+        data = file.read()
     path = tmp_path / "truncated.so"
     path.write_bytes(data[: len(data) // 2])
     with pytest.raises(ElfError):

@@ -32,10 +32,12 @@ def test_empty_library_path_entry_is_current_directory() -> None:
 
 
 def test_mapped_files_from_maps_text() -> None:
-    text = ("7f00-7f01 r--p 00000000 08:01 12 /usr/lib/libcuda.so.550.142\n"
-            "7f01-7f02 r-xp 00001000 08:01 12 /usr/lib/libcuda.so.550.142\n"
-            "7f02-7f03 rw-p 00000000 00:00 0 [heap]\n"
-            "7f03-7f04 r--p 00000000 08:01 13 /tmp/x.so (deleted)\n")
+    text = (
+        "7f00-7f01 r--p 00000000 08:01 12 /usr/lib/libcuda.so.550.142\n"
+        "7f01-7f02 r-xp 00001000 08:01 12 /usr/lib/libcuda.so.550.142\n"
+        "7f02-7f03 rw-p 00000000 00:00 0 [heap]\n"
+        "7f03-7f04 r--p 00000000 08:01 13 /tmp/x.so (deleted)\n"
+    )
     assert mapped_files(text) == ["/usr/lib/libcuda.so.550.142", "/tmp/x.so"]
 
 
@@ -63,5 +65,7 @@ def test_mapped_library_answers_first(tmp_path) -> None:
 
 
 def test_not_found_anywhere(tmp_path) -> None:
-    found = resolve_library("libcuda.so.1", {"LD_LIBRARY_PATH": str(tmp_path)}, root=str(tmp_path), maps_text="")
+    found = resolve_library(
+        "libcuda.so.1", {"LD_LIBRARY_PATH": str(tmp_path)}, root=str(tmp_path), maps_text=""
+    )
     assert found.path is None and found.how == "not found"

@@ -5,8 +5,9 @@ from vllm_tmaguard.toggles import TOGGLES, ToggleError, Toggles, parse_toggles
 
 def test_defaults_when_unset() -> None:
     toggles = parse_toggles({})
-    assert toggles == Toggles(mode="auto", strict=False, log_format="text", root="/",
-                              record_dir=toggles.record_dir)
+    assert toggles == Toggles(
+        mode="auto", strict=False, log_format="text", root="/", record_dir=toggles.record_dir
+    )
     assert toggles.record_dir.startswith("/tmp/tmaguard-")
 
 
@@ -19,9 +20,14 @@ def test_every_allowed_value_parses(name: str) -> None:
 
 @pytest.mark.parametrize(
     ("name", "value"),
-    [("TMAGUARD_MODE", "of"), ("TMAGUARD_STRICT", "yes"), ("TMAGUARD_LOG_FORMAT", "yaml"),
-     ("TMAGUARD_ROOT", "relative/dir"), ("TMAGUARD_ROOT", "/does/not/exist"),
-     ("TMAGUARD_RECORD_DIR", "records")],
+    [
+        ("TMAGUARD_MODE", "of"),
+        ("TMAGUARD_STRICT", "yes"),
+        ("TMAGUARD_LOG_FORMAT", "yaml"),
+        ("TMAGUARD_ROOT", "relative/dir"),
+        ("TMAGUARD_ROOT", "/does/not/exist"),
+        ("TMAGUARD_RECORD_DIR", "records"),
+    ],
 )
 def test_bad_value_names_variable_value_and_allowed(name: str, value: str) -> None:
     with pytest.raises(ToggleError) as caught:
@@ -31,6 +37,13 @@ def test_bad_value_names_variable_value_and_allowed(name: str, value: str) -> No
 
 
 def test_mode_and_strict_values_map_to_fields(tmp_path) -> None:
-    toggles = parse_toggles({"TMAGUARD_MODE": "validate", "TMAGUARD_STRICT": "1", "TMAGUARD_LOG_FORMAT": "json",
-                             "TMAGUARD_ROOT": str(tmp_path), "TMAGUARD_RECORD_DIR": str(tmp_path / "r")})
+    toggles = parse_toggles(
+        {
+            "TMAGUARD_MODE": "validate",
+            "TMAGUARD_STRICT": "1",
+            "TMAGUARD_LOG_FORMAT": "json",
+            "TMAGUARD_ROOT": str(tmp_path),
+            "TMAGUARD_RECORD_DIR": str(tmp_path / "r"),
+        }
+    )
     assert toggles == Toggles("validate", True, "json", str(tmp_path), str(tmp_path / "r"))

@@ -64,19 +64,25 @@ def _tma_verdict(facts: Facts, encoder_forwarded: bool) -> TmaVerdict:
     remote = [layer.name for layer in facts.layers if not layer.forwards_to_local_driver]
     if remote:
         return TmaVerdict(False, f"{remote[0]}: no local driver to forward {ENCODERS[0]} to")
-    return TmaVerdict(False, f"no real {ENCODERS[0]} reachable: libcuda.so.1 lacks it and no real driver "
-                             "file was found beside it")
+    return TmaVerdict(
+        False,
+        f"no real {ENCODERS[0]} reachable: libcuda.so.1 lacks it and no real driver file was found beside it",
+    )
 
 
 def decide(facts: Facts, toggles: Toggles) -> Decision:
     apply = toggles.mode == "auto"
     driver = facts.driver
     if not facts.gpu.present and driver.path is None:
-        return Decision("debug", f"no GPU and no libcuda.so.1 ({facts.gpu.error or 'NVML: 0 devices'})", apply)
+        return Decision(
+            "debug", f"no GPU and no libcuda.so.1 ({facts.gpu.error or 'NVML: 0 devices'})", apply
+        )
     if driver.path is None:
         searched = "; ".join(driver.resolution.skipped) or "LD_LIBRARY_PATH, ld.so.cache, default directories"
-        problem = (f"libcuda.so.1 not found ({searched}): vLLM's CUDA extensions cannot load; mount the "
-                   "driver (NVIDIA container toolkit) or put its directory on LD_LIBRARY_PATH")
+        problem = (
+            f"libcuda.so.1 not found ({searched}): vLLM's CUDA extensions cannot load; mount the "
+            "driver (NVIDIA container toolkit) or put its directory on LD_LIBRARY_PATH"
+        )
         return Decision("warning", "libcuda.so.1 not found", apply, unfixed=(problem,))
     if driver.info is None:
         problem = f"{driver.path} is unreadable ({driver.error}): cannot tell what it exports"
@@ -90,24 +96,36 @@ def decide(facts: Facts, toggles: Toggles) -> Decision:
     unfixed: list[str] = []
     forwarding_to_real = driver.real_driver is not None
     if any(symbol in missing for symbol in ENCODERS):
-        how = ("through the layer's cuGetProcAddress, else the real driver "
-               f"{driver.real_driver}" if forwarding_to_real else "through the layer's cuGetProcAddress")
+        how = (
+            f"through the layer's cuGetProcAddress, else the real driver {driver.real_driver}"
+            if forwarding_to_real
+            else "through the layer's cuGetProcAddress"
+        )
         supplies.append(Supply("encoders", ENCODERS, how))
     if PROC_ADDRESS_V2 in missing:
-        supplies.append(Supply("proc-address", (PROC_ADDRESS_V2,),
-                               "built on the layer's own cuGetProcAddress, so its hooks stay in place"))
+        supplies.append(
+            Supply(
+                "proc-address",
+                (PROC_ADDRESS_V2,),
+                "built on the layer's own cuGetProcAddress, so its hooks stay in place",
+            )
+        )
     supplied = {symbol for supply in supplies for symbol in supply.symbols}
     for symbol, modules in missing.items():
         if symbol not in supplied:
             features = sorted({_FEATURE_OF_MODULE.get(m, m) for m in modules})
-            unfixed.append(f"{symbol} is missing from {driver.path}: {', '.join(features)} will fail "
-                           "(not supplied: forwarding it around the layer would bypass its quota)")
+            unfixed.append(
+                f"{symbol} is missing from {driver.path}: {', '.join(features)} will fail "
+                "(not supplied: forwarding it around the layer would bypass its quota)"
+            )
 
     tma = _tma_verdict(facts, encoder_forwarded=forwarding_to_real and bool(supplies))
     warnings = []
     if not tma.usable and any(gpu.compute_capability[0] == 9 for gpu in facts.gpu.gpus):
-        warnings.append(f"TMA is unusable on this sm_90 GPU ({tma.reason}); a TMA kernel (Machete, CUTLASS "
-                        "sm90, FlashAttention-3) would stop the process with an illegal instruction")
+        warnings.append(
+            f"TMA is unusable on this sm_90 GPU ({tma.reason}); a TMA kernel (Machete, CUTLASS "
+            "sm90, FlashAttention-3) would stop the process with an illegal instruction"
+        )
 
     layer = facts.layers[0].name if facts.layers else "no sharing layer"
     if supplies:
@@ -116,5 +134,6 @@ def decide(facts: Facts, toggles: Toggles) -> Decision:
     else:
         summary = f"{layer}: libcuda.so.1 has every entry point vLLM needs; nothing to load"
     level = "warning" if unfixed or warnings else "info"
-    return Decision(level, summary, apply, tuple(supplies), driver.real_driver, tuple(unfixed), tma,
-                    tuple(warnings))
+    return Decision(
+        level, summary, apply, tuple(supplies), driver.real_driver, tuple(unfixed), tma, tuple(warnings)
+    )

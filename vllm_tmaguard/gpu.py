@@ -36,7 +36,7 @@ _VIRTUALIZATION_MODES = {0: "none", 1: "pass-through", 2: "vgpu", 3: "host-vgpu"
 
 
 def _pynvml() -> ModuleType:
-    """vLLM's own copy when vLLM already loaded it (no second import on its start-up path), else nvidia-ml-py."""
+    """vLLM's copy if vLLM already loaded it (no second import on its start-up path), else nvidia-ml-py."""
     for name in ("vllm.third_party.pynvml", "pynvml"):
         module = sys.modules.get(name)
         if module is not None:

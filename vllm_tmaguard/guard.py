@@ -62,12 +62,17 @@ def _run(trigger: str) -> dict[str, Any] | None:
         emit(record, level, toggles.log_format)
         write_record(record, toggles.record_dir)
     except Exception as error:  # the guard must never make start-up worse
-        log_line("warning", f"tmaguard: internal error, leaving vLLM as it is: {type(error).__name__}: {error}")
+        log_line(
+            "warning", f"tmaguard: internal error, leaving vLLM as it is: {type(error).__name__}: {error}"
+        )
         if toggles.strict:
-            raise GuardStop(f"internal error {type(error).__name__}: {error}",
-                            "report it, or set TMAGUARD_MODE=off") from error
+            raise GuardStop(
+                f"internal error {type(error).__name__}: {error}", "report it, or set TMAGUARD_MODE=off"
+            ) from error
         return None
     if toggles.strict and (decision.problem or outcome.failed):
-        raise GuardStop(decision.problem or "; ".join(outcome.failed),
-                        "see `tmaguard doctor`; or set TMAGUARD_STRICT=0 to start with the problem logged")
+        raise GuardStop(
+            decision.problem or "; ".join(outcome.failed),
+            "see `tmaguard doctor`; or set TMAGUARD_STRICT=0 to start with the problem logged",
+        )
     return record

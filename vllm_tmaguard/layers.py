@@ -63,8 +63,11 @@ def detect_layers(evidence: PodEvidence) -> tuple[Layer, ...]:
     """Every layer with evidence, the one that owns libcuda.so.1 first."""
     layers = []
     libcuda = evidence.libcuda
-    vcuda = [f"{p} exists" for p in ("/etc/vcuda", "/usr/local/nvidia/bin/gpu-client")
-             if p in evidence.existing_paths]
+    vcuda = [
+        f"{p} exists"
+        for p in ("/etc/vcuda", "/usr/local/nvidia/bin/gpu-client")
+        if p in evidence.existing_paths
+    ]
     if libcuda is not None:
         if libcuda.soname == "libcuda-control.so":
             vcuda.append(f"{os.path.basename(libcuda.path)} has SONAME libcuda-control.so")

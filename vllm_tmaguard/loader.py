@@ -131,8 +131,9 @@ def resolve_library(
         first_found = (path, how)
         break
     if mapped:
-        return LibraryResolution(name, _answering_mapped(name, mapped, first_found), "mapped", mapped,
-                                 tuple(skipped))
+        return LibraryResolution(
+            name, _answering_mapped(name, mapped, first_found), "mapped", mapped, tuple(skipped)
+        )
     if first_found:
         return LibraryResolution(name, first_found[0], first_found[1], mapped, tuple(skipped))
     return LibraryResolution(name, None, "not found", mapped, tuple(skipped))

@@ -23,8 +23,9 @@ _FORMAT = "(tmaguard pid=%(process)d) %(levelname)s %(asctime)s [%(filename)s:%(
 _DATE_FORMAT = "%m-%d %H:%M:%S"
 
 
-def build_record(facts: Facts, decision: Decision, outcome: Outcome, mode: str, elapsed_ms: float
-                 ) -> dict[str, Any]:
+def build_record(
+    facts: Facts, decision: Decision, outcome: Outcome, mode: str, elapsed_ms: float
+) -> dict[str, Any]:
     driver = facts.driver
     missing = {s: list(m) for s, m in facts.vllm.needs().items() if driver.info and not driver.exports(s)}
     return {
@@ -36,8 +37,13 @@ def build_record(facts: Facts, decision: Decision, outcome: Outcome, mode: str, 
         "summary": decision.summary,
         "gpu": {
             "gpus": [
-                {"index": g.index, "name": g.name, "compute_capability": "%d.%d" % g.compute_capability,
-                 "mig": g.mig, "virtualization": g.virtualization}
+                {
+                    "index": g.index,
+                    "name": g.name,
+                    "compute_capability": "{}.{}".format(*g.compute_capability),
+                    "mig": g.mig,
+                    "virtualization": g.virtualization,
+                }
                 for g in facts.gpu.gpus
             ],
             "driver_version": facts.gpu.driver_version,
@@ -53,14 +59,23 @@ def build_record(facts: Facts, decision: Decision, outcome: Outcome, mode: str, 
             "real_driver": driver.real_driver,
             "error": driver.error,
         },
-        "vllm": {"version": facts.vllm.version, "found": facts.vllm.found,
-                 "platform_plugins": facts.vllm.platform_plugins},
+        "vllm": {
+            "version": facts.vllm.version,
+            "found": facts.vllm.found,
+            "platform_plugins": facts.vllm.platform_plugins,
+        },
         "missing": missing,
-        "supplied": {s: supply.library for supply in decision.supplies for s in supply.symbols if s in missing},
-        "tma": None if decision.tma is None else {"usable": decision.tma.usable, "reason": decision.tma.reason},
+        "supplied": {
+            s: supply.library for supply in decision.supplies for s in supply.symbols if s in missing
+        },
+        "tma": None
+        if decision.tma is None
+        else {"usable": decision.tma.usable, "reason": decision.tma.reason},
         "unfixed": list(decision.unfixed),
         "warnings": list(decision.warnings),
-        "actions": list(outcome.done) if decision.apply else [f"would: {s.library}" for s in decision.supplies],
+        "actions": list(outcome.done)
+        if decision.apply
+        else [f"would: {s.library}" for s in decision.supplies],
         "failed": list(outcome.failed),
         "elapsed_ms": round(elapsed_ms, 2),
     }
@@ -70,8 +85,11 @@ def render_text(record: dict[str, Any]) -> str:
     parts = [f"tmaguard: {record['summary']}"]
     gpus = record["gpu"]["gpus"]
     if gpus:
-        parts.append("gpu " + ", ".join(f"{g['name']} ({g['compute_capability']})" for g in gpus)
-                     + f", driver {record['gpu']['driver_version']}")
+        parts.append(
+            "gpu "
+            + ", ".join(f"{g['name']} ({g['compute_capability']})" for g in gpus)
+            + f", driver {record['gpu']['driver_version']}"
+        )
     for layer in record["layer"]:
         parts.append(f"layer {layer['name']} ({'; '.join(layer['evidence'])})")
     if record["libcuda"]["path"]:
@@ -92,8 +110,9 @@ def _ensure_handler() -> None:
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(logging.Formatter(_FORMAT, _DATE_FORMAT))
     logger.addHandler(handler)
-    logger.setLevel(logging.DEBUG if os.environ.get("VLLM_LOGGING_LEVEL", "").upper() == "DEBUG"
-                    else logging.INFO)
+    logger.setLevel(
+        logging.DEBUG if os.environ.get("VLLM_LOGGING_LEVEL", "").upper() == "DEBUG" else logging.INFO
+    )
     logger.propagate = False
 
 

@@ -51,7 +51,7 @@ def find_package_dir(name: str = "vllm") -> str | None:
     spec = importlib.machinery.PathFinder.find_spec(name, sys.path)
     if spec is None or not spec.submodule_search_locations:
         return None
-    return list(spec.submodule_search_locations)[0]
+    return next(iter(spec.submodule_search_locations))
 
 
 def _read_text(path: str) -> str | None:

@@ -1,0 +1,86 @@
+"""Shared fixtures: the compiled stand-ins, emulated pods, and a runner for fresh Python subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from podkit import DEFAULT_BUILD_DIR, Pod, build_pod, build_standins
+
+# Variables of the developer's or CI's shell that would change what a child process sees.
+_SCRUBBED_PREFIXES = (
+    "TMAGUARD_",
+    "VLLM_",
+    "LD_LIBRARY_PATH",
+    "LD_PRELOAD",
+    "STANDIN_",
+    "CUDA_",
+    "LUPINE_",
+    "PYTHONPATH",
+)
+
+
+@dataclass(frozen=True)
+class Run:
+    returncode: int
+    stdout: str
+    stderr: str
+    record_dir: Path
+
+    @property
+    def result(self) -> dict:
+        """The JSON the child printed after 'RESULT '."""
+        lines = [line for line in self.stdout.splitlines() if line.startswith("RESULT ")]
+        assert lines, f"child printed no RESULT line\nstdout:\n{self.stdout}\nstderr:\n{self.stderr}"
+        return json.loads(lines[-1].removeprefix("RESULT "))
+
+    def guard_lines(self) -> list[str]:
+        return [line for line in self.stdout.splitlines() if line.startswith("(tmaguard pid=")]
+
+    def last_record(self) -> dict:
+        return json.loads((self.record_dir / "last.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def standins() -> dict[str, Path]:
+    return build_standins(DEFAULT_BUILD_DIR)
+
+
+@pytest.fixture(scope="session")
+def pods(tmp_path_factory: pytest.TempPathFactory, standins) -> Callable[..., Pod]:
+    base = tmp_path_factory.mktemp("pods")
+
+    def make(kind: str, **gpu) -> Pod:
+        return build_pod(base, kind, **gpu)
+
+    return make
+
+
+@pytest.fixture
+def run_python(tmp_path: Path) -> Callable[..., Run]:
+    """Runs `code` with this test environment's Python in a fresh process inside `pod`."""
+
+    def run(pod: Pod | None, code: str, env: Mapping[str, str] | None = None, timeout: float = 300) -> Run:
+        child_env = {k: v for k, v in os.environ.items() if not k.startswith(_SCRUBBED_PREFIXES)}
+        record_dir = tmp_path / "records"
+        child_env["TMAGUARD_RECORD_DIR"] = str(record_dir)
+        if pod is not None:
+            child_env.update(pod.env)
+        child_env.update(env or {})
+        done = subprocess.run(
+            [sys.executable, "-c", code],
+            env=child_env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=tmp_path,
+        )
+        return Run(done.returncode, done.stdout, done.stderr, record_dir)
+
+    return run

@@ -1,0 +1,324 @@
+"""Emulated GPU pods for tests that run without a GPU.
+
+`build_standins` compiles the stand-in libraries in tests/csrc with gcc;
+`build_pod` lays out a pod's file system (driver directory, sharing-layer
+fingerprints) under a temporary directory and returns the environment a
+subprocess needs to run "inside" it; `build_old_vllm` fakes vLLM 0.6.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import struct
+import subprocess
+import sysconfig
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+TESTS_DIR = Path(__file__).resolve().parent
+CSRC = TESTS_DIR / "csrc"
+DEFAULT_BUILD_DIR = TESTS_DIR / ".build"
+
+KINDS = ("bare", "vcuda", "vcuda-fork", "vcuda-noforward", "hami", "lupine", "nogpu")
+VCUDA_KINDS = ("vcuda", "vcuda-fork", "vcuda-noforward")
+
+OLD_VLLM_VERSION = "0.6.6.post1"
+
+CFLAGS = ["-O2", "-fPIC", "-shared", "-Wall", "-Werror"]
+# Exported functions bind to themselves (cuGetProcAddress hands out their
+# addresses) even when a preload such as libvgpu.so defines the same names.
+LIB_FLAGS = ["-fvisibility=hidden", "-Wl,-Bsymbolic"]
+
+
+class StandinBuildError(RuntimeError):
+    """gcc is missing or failed to compile a stand-in."""
+
+
+@dataclass(frozen=True)
+class Pod:
+    kind: str
+    # The emulated pod's file-system root; tests pass it to the guard as TMAGUARD_ROOT.
+    root: Path
+    # root / "usr/local/nvidia/lib64": libcuda.so.1 (layer or driver) and libnvidia-ml.so.1.
+    lib_dir: Path
+    # lib_dir / f"libcuda.so.{driver}"; None where the pod has no real driver.
+    real_driver: Path | None
+    # Variables to ADD to a subprocess environment to run "inside" the pod.
+    env: dict[str, str]
+
+    def environ(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        """os.environ overlaid with the pod's variables (and `extra`)."""
+        merged = dict(os.environ)
+        merged.update(self.env)
+        if extra:
+            merged.update(extra)
+        return merged
+
+
+@dataclass(frozen=True)
+class _Target:
+    output: str
+    source: str
+    flags: tuple[str, ...]
+    libs: tuple[str, ...] = ()
+
+
+_TARGETS: dict[str, _Target] = {
+    "driver": _Target(
+        "libcuda-standin-driver.so",
+        "standin_driver.c",
+        (*LIB_FLAGS, "-Wl,-soname,libcuda.so.1"),
+    ),
+    "layer": _Target(
+        "libcuda-control.so",
+        "standin_layer.c",
+        (*LIB_FLAGS, "-Wl,-soname,libcuda-control.so"),
+        ("-ldl",),
+    ),
+    "layer_fork": _Target(
+        "libcuda-control-fork.so",
+        "standin_layer.c",
+        (*LIB_FLAGS, "-DLAYER_FORK", "-Wl,-soname,libcuda-control.so"),
+        ("-ldl",),
+    ),
+    "layer_noforward": _Target(
+        "libcuda-control-noforward.so",
+        "standin_layer.c",
+        (*LIB_FLAGS, "-DLAYER_NO_FORWARD", "-Wl,-soname,libcuda-control.so"),
+        ("-ldl",),
+    ),
+    "layer_standalone": _Target(
+        "libcuda-lupine.so",
+        "standin_layer.c",
+        (*LIB_FLAGS, "-DLAYER_STANDALONE", "-Wl,-soname,libcuda.so.1"),
+        ("-ldl",),
+    ),
+    "nvml": _Target(
+        "libnvidia-ml-standin.so",
+        "standin_nvml.c",
+        (*LIB_FLAGS, "-pthread", "-Wl,-soname,libnvidia-ml.so.1"),
+    ),
+    "vgpu": _Target("libvgpu.so", "standin_vgpu.c", ("-fvisibility=hidden",), ("-ldl",)),
+}
+
+
+def _gcc() -> str:
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        raise StandinBuildError("gcc not found on PATH; the stand-in libraries cannot be built")
+    return gcc
+
+
+def _up_to_date(output: Path, inputs: list[Path]) -> bool:
+    if not output.exists():
+        return False
+    built = output.stat().st_mtime
+    return all(p.stat().st_mtime <= built for p in inputs)
+
+
+def _compile(output: Path, inputs: list[Path], args: list[str]) -> None:
+    """Run gcc into a temporary name and rename, so readers never see half a file."""
+    if _up_to_date(output, inputs):
+        return
+    fd, tmp_name = tempfile.mkstemp(prefix=output.name + ".", suffix=".tmp", dir=output.parent)
+    os.close(fd)
+    cmd = [_gcc(), *args, "-o", tmp_name]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise StandinBuildError(f"{' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
+        os.chmod(tmp_name, 0o755)
+        os.replace(tmp_name, output)
+    finally:
+        if os.path.exists(tmp_name):
+            os.unlink(tmp_name)
+
+
+def _python_include() -> Path:
+    include = Path(sysconfig.get_paths()["include"])
+    if not (include / "Python.h").exists():
+        raise StandinBuildError(f"Python.h not found in {include}")
+    return include
+
+
+def build_standins(build_dir: Path) -> dict[str, Path]:
+    """Compile every stand-in (once; up-to-date outputs are kept).
+
+    Returns name -> path for: driver, layer, layer_fork, layer_noforward,
+    layer_standalone, nvml, vgpu, old_vllm_ext, driver_calls_ext.
+    """
+    build_dir = Path(build_dir)
+    build_dir.mkdir(parents=True, exist_ok=True)
+    header = CSRC / "standin_entry_points.h"
+    this_file = Path(__file__).resolve()
+    out: dict[str, Path] = {}
+    # Serialise concurrent builders (pytest-xdist workers, parallel sessions).
+    with open(build_dir / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for name, target in _TARGETS.items():
+            source = CSRC / target.source
+            output = build_dir / target.output
+            args = [*CFLAGS, *target.flags, str(source), *target.libs]
+            _compile(output, [source, header, this_file], args)
+            out[name] = output
+
+        # The extension must say NEEDED libcuda.so.1: link through a libcuda.so name.
+        link_dir = build_dir / "link"
+        link_dir.mkdir(exist_ok=True)
+        link = link_dir / "libcuda.so"
+        if not link.is_symlink() or os.readlink(link) != str(out["driver"]):
+            tmp_link = link_dir / f"libcuda.so.{os.getpid()}.tmp"
+            if tmp_link.is_symlink() or tmp_link.exists():
+                tmp_link.unlink()
+            tmp_link.symlink_to(out["driver"])
+            os.replace(tmp_link, link)
+        # CPython extensions linked against libcuda.so.1 like vLLM's: the vLLM 0.6 `_C` look-alike and the
+        # driver_calls probe (calls driver entry points through its own relocations).
+        for name, source_name, output_name in (
+            ("old_vllm_ext", "old_vllm_ext.c", "old_vllm/_C.abi3.so"),
+            ("driver_calls_ext", "driver_calls_ext.c", "driver_calls/driver_calls.abi3.so"),
+        ):
+            ext_source = CSRC / source_name
+            ext = build_dir / output_name
+            ext.parent.mkdir(exist_ok=True)
+            ext_args = [
+                *CFLAGS,
+                f"-I{_python_include()}",
+                str(ext_source),
+                f"-L{link_dir}",
+                "-Wl,--no-as-needed",
+                "-lcuda",
+            ]
+            _compile(ext, [ext_source, this_file, out["driver"]], ext_args)
+            out[name] = ext
+    return out
+
+
+def _unique_dir(base: Path, name: str) -> Path:
+    candidate = base / name
+    n = 1
+    while candidate.exists():
+        candidate = base / f"{name}-{n}"
+        n += 1
+    candidate.mkdir(parents=True)
+    return candidate
+
+
+def _install(src: Path, dst: Path) -> None:
+    shutil.copyfile(src, dst)
+    os.chmod(dst, 0o755)
+
+
+def _touch(path: Path, mode: int = 0o644) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch()
+    os.chmod(path, mode)
+
+
+def build_pod(
+    base: Path,
+    kind: str,
+    *,
+    gpu_name: str = "NVIDIA GeForce RTX 4090",
+    cc: str = "8.9",
+    driver: str = "550.142",
+    gpu_count: int = 1,
+    build_dir: Path | None = None,
+) -> Pod:
+    """Lay out an emulated pod of `kind` (see KINDS) in a new directory under `base`."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown pod kind {kind!r}; expected one of {', '.join(KINDS)}")
+    libs = build_standins(build_dir or DEFAULT_BUILD_DIR)
+    root = _unique_dir(Path(base), kind)
+    lib_dir = root / "usr/local/nvidia/lib64"
+    lib_dir.mkdir(parents=True)
+    env: dict[str, str] = {"LD_LIBRARY_PATH": str(lib_dir), "TMAGUARD_ROOT": str(root)}
+
+    _install(libs["nvml"], lib_dir / "libnvidia-ml.so.1")
+    if kind == "nogpu":
+        env["STANDIN_NVML_COUNT"] = "0"
+        return Pod(kind, root, lib_dir, None, env)
+    env.update(
+        {
+            "STANDIN_NVML_NAME": gpu_name,
+            "STANDIN_NVML_CC": cc,
+            "STANDIN_NVML_DRIVER": driver,
+            "STANDIN_NVML_COUNT": str(gpu_count),
+        }
+    )
+
+    if kind == "lupine":
+        _install(libs["layer_standalone"], lib_dir / "libcuda.so.1")
+        env["LUPINE_SERVER"] = "127.0.0.1:9999"
+        return Pod(kind, root, lib_dir, None, env)
+
+    real_driver = lib_dir / f"libcuda.so.{driver}"
+    _install(libs["driver"], real_driver)
+
+    if kind in ("bare", "hami"):
+        _install(libs["driver"], lib_dir / "libcuda.so.1")
+    if kind == "hami":
+        vgpu = root / "usr/local/vgpu/libvgpu.so"
+        vgpu.parent.mkdir(parents=True)
+        _install(libs["vgpu"], vgpu)
+        preload = root / "etc/ld.so.preload"
+        preload.parent.mkdir(parents=True)
+        preload.write_text("/usr/local/vgpu/libvgpu.so\n")
+        env.update(
+            {
+                "LD_PRELOAD": str(vgpu.resolve()),
+                "CUDA_DEVICE_MEMORY_LIMIT_0": "20g",
+                "CUDA_DEVICE_SM_LIMIT": "50",
+            }
+        )
+
+    if kind in VCUDA_KINDS:
+        layer = {"vcuda": "layer", "vcuda-fork": "layer_fork", "vcuda-noforward": "layer_noforward"}
+        control = lib_dir / "libcuda-control.so"
+        _install(libs[layer[kind]], control)
+        # vCUDA's libcuda.so.1 is a hard link of libcuda-control.so.
+        os.link(control, lib_dir / "libcuda.so.1")
+        _touch(root / "etc/vcuda/vcuda.sock")
+        _touch(root / "usr/local/nvidia/bin/gpu-client", 0o755)
+
+    return Pod(kind, root, lib_dir, real_driver, env)
+
+
+def build_old_vllm(base: Path, build_dir: Path | None = None) -> Path:
+    """A directory to put first on PYTHONPATH that holds a vLLM 0.6.6.post1 look-alike.
+
+    Its vllm/__init__.py imports vllm._C (as 0.6's platforms/cuda.py did at
+    import), a compiled extension needing cuTensorMapEncodeTiled from libcuda.so.1.
+    """
+    libs = build_standins(build_dir or DEFAULT_BUILD_DIR)
+    top = _unique_dir(Path(base), "old-vllm")
+    pkg = top / "vllm"
+    pkg.mkdir()
+    (pkg / "_version.py").write_text(
+        f"__version__ = version = {OLD_VLLM_VERSION!r}\n"
+        "__version_tuple__ = version_tuple = (0, 6, 6, 'post1')\n"
+    )
+    (pkg / "__init__.py").write_text(
+        '"""vLLM 0.6.6.post1 stand-in (tests/podkit.py)."""\n'
+        "from vllm._version import __version__, __version_tuple__  # noqa: F401\n"
+        "from vllm import _C  # noqa: F401,E402\n"
+    )
+    _install(libs["old_vllm_ext"], pkg / "_C.abi3.so")
+    # importlib.metadata.version("vllm") should see 0.6 too, ahead of site-packages.
+    dist = top / f"vllm-{OLD_VLLM_VERSION}.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {OLD_VLLM_VERSION}\n")
+    (dist / "top_level.txt").write_text("vllm\n")
+    return top
+
+
+def expected_descriptor(data_type: int, rank: int, address: int, dim0: int, call: int) -> bytes:
+    """The stand-in driver's 128-byte descriptor, computed from the specification."""
+    desc = bytearray((i * 7 + 3) & 0xFF for i in range(128))
+    desc[0:16] = b"TMAGUARD-STANDIN"
+    struct.pack_into("<IIQQQ", desc, 16, data_type, rank, address, dim0 if rank else 0, call)
+    return bytes(desc)

@@ -1,0 +1,209 @@
+"""The guard with vLLM 0.32.0's real extension binaries and platform code, in fresh processes on emulated
+pods (DESIGN.md §5): vLLM's own NVML detection picks CUDA and imports vllm.platforms.cuda for real."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from podkit import expected_descriptor
+
+# Resolves vLLM's current platform (this imports the CUDA extension), then reports vLLM's ops.
+RESOLVE_PLATFORM = """
+import json
+out = {}
+try:
+    from vllm.platforms import current_platform
+    out["platform"] = type(current_platform).__name__
+    import torch
+    out["ops"] = sorted(n for n in torch._C._dispatch_get_all_op_names() if n.startswith("_C::"))
+except Exception as error:
+    out["error"] = f"{type(error).__name__}: {error}"
+print("RESULT " + json.dumps(out))
+"""
+
+# After the platform: the probe extension binds driver names like vLLM's extensions do; report where each
+# call landed, by the stand-ins' own counters.
+DRIVER_CALLS = (
+    RESOLVE_PLATFORM.replace('print("RESULT "', "#")
+    + """
+import ctypes, os, sys
+sys.path.insert(0, os.environ["DRIVER_CALLS_DIR"])
+import driver_calls
+layer = ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOLOAD)
+layer.standin_layer_calls.restype = ctypes.c_longlong
+real = ctypes.CDLL(os.environ["REAL_DRIVER"], mode=os.RTLD_NOLOAD)
+real.standin_driver_calls.restype = ctypes.c_longlong
+names = ["cuMemAlloc_v2", "cuLaunchKernel", "cuPointerGetAttribute", "cuTensorMapEncodeTiled"]
+def counts():
+    return {n: [layer.standin_layer_calls(n.encode()), real.standin_driver_calls(n.encode())] for n in names}
+out["before"] = counts()
+status, descriptor = driver_calls.encode_tiled(0x7F0000001000, 4096)
+out["encode"] = [status, descriptor.hex()]
+out["metered"] = driver_calls.metered_calls()
+out["proc_address"] = driver_calls.alloc_through_proc_address()
+out["after"] = counts()
+shim = ctypes.CDLL(os.path.join(os.path.dirname(__import__("vllm_tmaguard").__file__), "lib",
+                   "libtmaguard_encoders.so"), mode=os.RTLD_NOLOAD)
+out["encoder_source"] = shim.tmaguard_shim_source(b"cuTensorMapEncodeTiled")
+maps = open("/proc/self/maps").read().splitlines()
+out["maps"] = sorted({l.split()[-1] for l in maps if "tmaguard" in l and l.endswith(".so")})
+print("RESULT " + json.dumps(out))
+"""
+)
+UNDEFINED = "undefined symbol: cuTensorMapEncodeTiled"
+
+
+def test_without_guard_vllm_fails_with_the_seed_error(pods, run_python) -> None:
+    run = run_python(pods("vcuda"), RESOLVE_PLATFORM, {"TMAGUARD_MODE": "off"})
+    assert run.result["error"].startswith("ImportError: ")
+    assert run.result["error"].endswith("_C_stable_libtorch.abi3.so: " + UNDEFINED)
+    assert run.guard_lines() == []
+
+
+def test_with_guard_vllm_starts_and_encoder_reaches_real_driver(pods, run_python, standins) -> None:
+    pod = pods("vcuda")
+    env = {"DRIVER_CALLS_DIR": str(standins["driver_calls_ext"].parent), "REAL_DRIVER": str(pod.real_driver)}
+    run = run_python(pod, DRIVER_CALLS, env)
+    result = run.result
+    assert "error" not in result, result
+    assert result["platform"] == "NvmlCudaPlatform"
+    assert {"_C::machete_mm", "_C::awq_gemm"} <= set(result["ops"])
+
+    status, descriptor = result["encode"]
+    before, after = result["before"], result["after"]
+    call = after["cuTensorMapEncodeTiled"][1]
+    assert status == 0
+    assert bytes.fromhex(descriptor) == expected_descriptor(7, 1, 0x7F0000001000, 4096, call)
+    assert after["cuTensorMapEncodeTiled"][1] == before["cuTensorMapEncodeTiled"][1] + 1
+    assert after["cuTensorMapEncodeTiled"][0] == -1  # the layer has no encoder: it never saw the call
+    assert result["encoder_source"] == 2  # found through the layer's (v1) cuGetProcAddress
+    assert len(result["maps"]) == 2  # encoders + cuGetProcAddress_v2 shims, both missing from the layer
+
+    # Every other driver call still lands in the layer's metered entry points (and is forwarded by it).
+    assert result["metered"] == [0, 0, 0]
+    for name in ("cuLaunchKernel", "cuPointerGetAttribute"):
+        assert after[name][0] == before[name][0] + 1 and after[name][1] == before[name][1] + 1
+    # cuMemAlloc_v2: once directly, once through cuGetProcAddress_v2 (the shim asks the layer's v1).
+    assert result["proc_address"] == [0, 0, 0]
+    assert after["cuMemAlloc_v2"][0] == before["cuMemAlloc_v2"][0] + 2
+
+    (line,) = run.guard_lines()
+    assert "INFO" in line and "vcuda" in line and "cuTensorMapEncodeTiled <- encoders shim" in line
+
+
+def test_noforward_layer_falls_back_to_the_real_driver_file(pods, run_python, standins) -> None:
+    pod = pods("vcuda-noforward")
+    env = {"DRIVER_CALLS_DIR": str(standins["driver_calls_ext"].parent), "REAL_DRIVER": str(pod.real_driver)}
+    result = run_python(pod, DRIVER_CALLS, env).result
+    call = result["after"]["cuTensorMapEncodeTiled"][1]
+    assert result["encode"] == [0, expected_descriptor(7, 1, 0x7F0000001000, 4096, call).hex()]
+    assert result["encoder_source"] == 3  # the real driver file, opened RTLD_NOLOAD (the layer had it)
+
+
+@pytest.mark.parametrize("kind", ["bare", "vcuda-fork", "hami"])
+def test_complete_libcuda_loads_nothing_and_says_so(pods, run_python, kind: str) -> None:
+    run = run_python(
+        pods(kind), RESOLVE_PLATFORM + "\nprint(open('/proc/self/maps').read().count('tmaguard'))"
+    )
+    assert run.result["platform"] == "NvmlCudaPlatform"
+    assert run.stdout.rstrip().endswith("\n0")  # no tmaguard library mapped
+    (line,) = run.guard_lines()
+    assert "INFO" in line and "nothing to load" in line
+    record = run.last_record()
+    assert record["supplied"] == {} and record["actions"] == []
+    expected_layer = {"bare": [], "vcuda-fork": ["vcuda-fork"], "hami": ["hami"]}[kind]
+    assert [layer["name"] for layer in record["layer"]] == expected_layer
+
+
+def test_no_gpu_is_silent_but_for_one_debug_line(pods, run_python) -> None:
+    quiet = run_python(pods("nogpu"), RESOLVE_PLATFORM)
+    assert quiet.guard_lines() == [] and quiet.stderr.count("tmaguard") == 0
+    debug = run_python(pods("nogpu"), RESOLVE_PLATFORM, {"VLLM_LOGGING_LEVEL": "DEBUG"})
+    (line,) = debug.guard_lines()
+    assert "DEBUG" in line and "no GPU" in line
+
+
+def test_second_activation_in_the_same_process_is_a_no_op(pods, run_python) -> None:
+    code = RESOLVE_PLATFORM + (
+        "\nfrom vllm_tmaguard import plugin"
+        "\nfirst = __import__('vllm_tmaguard.guard').guard.activate('test')"
+        "\nassert plugin.platform_plugin() is None and plugin.general_plugin() is None"
+        "\nassert __import__('vllm_tmaguard.guard').guard.activate('again') is first"
+        "\nprint(open('/proc/self/maps').read().count('libtmaguard_encoders'))"
+    )
+    run = run_python(pods("vcuda"), code)
+    assert "platform" in run.result and len(run.guard_lines()) == 1
+    assert int(run.stdout.split()[-1]) >= 1
+
+
+def test_platform_plugin_entry_point_alone_fixes_the_import(pods, run_python) -> None:
+    """With the .pth hook kept out (python -S semantics for it), vLLM's own plugin loader runs the guard."""
+    code = "import vllm_tmaguard._import_hook as h; h.disarm()\n" + RESOLVE_PLATFORM
+    run = run_python(pods("vcuda"), code)
+    assert run.result["platform"] == "NvmlCudaPlatform"
+    assert run.last_record()["trigger"] == "platform-plugin"
+
+
+def test_validate_mode_reports_and_changes_nothing(pods, run_python) -> None:
+    run = run_python(pods("vcuda"), RESOLVE_PLATFORM, {"TMAGUARD_MODE": "validate"})
+    assert run.result["error"].endswith(UNDEFINED)
+    (line,) = run.guard_lines()
+    assert "would supply" in line and "would: encoders" in line
+
+
+def test_json_record(pods, run_python) -> None:
+    run = run_python(pods("vcuda"), RESOLVE_PLATFORM, {"TMAGUARD_LOG_FORMAT": "json"})
+    (line,) = run.guard_lines()
+    record = json.loads(line.split("] ", 1)[1])
+    assert record == run.last_record()
+    assert record["missing"]["cuTensorMapEncodeTiled"] == [
+        "vllm._C_stable_libtorch",
+        "vllm._qutlass_C",
+        "vllm.vllm_flash_attn._vllm_fa3_C",
+    ]
+    assert record["supplied"] == {"cuTensorMapEncodeTiled": "encoders", "cuGetProcAddress_v2": "proc-address"}
+    assert record["gpu"]["gpus"][0]["compute_capability"] == "8.9" and record["vllm"]["version"] == "0.32.0"
+    assert record["libcuda"]["soname"] == "libcuda-control.so" and record["libcuda"]["real_driver"]
+
+
+def test_bad_toggle_names_it_and_leaves_vllm_as_it_was(pods, run_python) -> None:
+    run = run_python(pods("vcuda"), RESOLVE_PLATFORM, {"TMAGUARD_MODE": "fix-it"})
+    assert run.result["error"].endswith(UNDEFINED)  # exactly as without the guard
+    (line,) = run.guard_lines()
+    assert "ERROR" in line and "TMAGUARD_MODE='fix-it'" in line and "auto | validate | off" in line
+
+
+def test_bad_toggle_in_strict_mode_stops_start_up(pods, run_python) -> None:
+    run = run_python(pods("vcuda"), RESOLVE_PLATFORM, {"TMAGUARD_LOG_FORMAT": "xml", "TMAGUARD_STRICT": "1"})
+    assert run.returncode == 1 and "RESULT" not in run.stdout
+    assert "stopped start-up: TMAGUARD_LOG_FORMAT='xml'" in run.stderr and "text | json" in run.stderr
+
+
+def test_unfixable_problem_warns_or_stops_in_strict_mode(pods, run_python) -> None:
+    """A GPU but no libcuda.so.1 at all: nothing the guard can supply."""
+    env = {"STANDIN_NVML_COUNT": "1"}
+    lenient = run_python(pods("nogpu"), RESOLVE_PLATFORM, env)
+    (line,) = lenient.guard_lines()
+    assert "WARNING" in line and "PROBLEM: libcuda.so.1 not found" in line
+    strict = run_python(pods("nogpu"), RESOLVE_PLATFORM, {**env, "TMAGUARD_STRICT": "1"})
+    assert strict.returncode == 1
+    assert "stopped start-up: libcuda.so.1 not found" in strict.stderr and "Fix:" in strict.stderr
+
+
+def test_sm90_without_reachable_encoder_warns(pods, run_python) -> None:
+    run = run_python(pods("lupine", gpu_name="NVIDIA H100 80GB HBM3", cc="9.0"), RESOLVE_PLATFORM)
+    assert run.result["platform"] == "NvmlCudaPlatform"  # import fixed: the shim answers "not supported"
+    record = run.last_record()
+    assert record["tma"] == {
+        "usable": False,
+        "reason": "lupine: no local driver to forward cuTensorMapEncodeTiled to",
+    }
+    assert record["layer"][0]["name"] == "lupine"
+    assert "WARNING" in run.guard_lines()[0] and "illegal instruction" in run.guard_lines()[0]
+
+
+def test_sm90_with_forwarded_encoder_has_usable_tma(pods, run_python) -> None:
+    run = run_python(pods("vcuda", gpu_name="NVIDIA H100 80GB HBM3", cc="9.0"), RESOLVE_PLATFORM)
+    record = run.last_record()
+    assert record["tma"]["usable"] is True and "forwarded to the real driver" in record["tma"]["reason"]
