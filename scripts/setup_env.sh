@@ -7,7 +7,8 @@ venv=${TMAGUARD_VENV:-$root/.venv}
 python=${PYTHON:-python3}
 vllm_version=${TMAGUARD_TEST_VLLM:-0.32.0}
 torch_version=${TMAGUARD_TEST_TORCH:-2.13.0}
-stamp="$venv/.tmaguard-env-vllm$vllm_version-torch$torch_version"
+# The stamp changes whenever this script does, so a changed dependency list is installed on the next run.
+stamp="$venv/.tmaguard-env-$(sha1sum "$0" | cut -c1-12)"
 
 if [ ! -f "$stamp" ]; then
   [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
@@ -21,7 +22,10 @@ if [ ! -f "$stamp" ]; then
   "${pip[@]}" numpy packaging regex psutil pyzmq urllib3 transformers requests cbor2 aiohttp \
     openai-harmony openai pillow pybase64 cachetools msgspec cloudpickle uvloop py-cpuinfo \
     prometheus_client xgrammar fastapi partial_json_parser llguidance einops
-  "${pip[@]}" pytest nvidia-ml-py typer rich ruff
+  # vLLM 0.32.0 requires humming-kernels 0.1.17; its kernel outranks Marlin at compute capability 9.0, so
+  # the selectors only behave as in a normal install with it present.
+  "${pip[@]}" "humming-kernels==0.1.17"
+  "${pip[@]}" pytest nvidia-ml-py typer rich ruff hypothesis
   touch "$stamp"
 fi
 "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps --force-reinstall "$root"
