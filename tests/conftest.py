@@ -47,6 +47,22 @@ class Run:
         return json.loads((self.record_dir / "last.json").read_text())
 
 
+@pytest.fixture(scope="session", autouse=True)
+def installed_package_is_current() -> None:
+    """The tests run the installed package (its .pth hook and built shims), as users do; a stale install
+    would test old code, so compare it with the source tree."""
+    import vllm_tmaguard
+
+    installed = Path(vllm_tmaguard.__file__).parent
+    source = Path(__file__).resolve().parent.parent / "vllm_tmaguard"
+    stale = [
+        p.name
+        for p in source.glob("*.py")
+        if not (installed / p.name).exists() or (installed / p.name).read_bytes() != p.read_bytes()
+    ]
+    assert not stale, f"installed vllm_tmaguard differs from the source ({stale}): run scripts/setup_env.sh"
+
+
 @pytest.fixture(scope="session")
 def standins() -> dict[str, Path]:
     return build_standins(DEFAULT_BUILD_DIR)

@@ -46,4 +46,6 @@ def test_mode_and_strict_values_map_to_fields(tmp_path) -> None:
             "TMAGUARD_RECORD_DIR": str(tmp_path / "r"),
         }
     )
-    assert toggles == Toggles("validate", True, "json", str(tmp_path), str(tmp_path / "r"))
+    assert toggles == Toggles(
+        mode="validate", strict=True, log_format="json", root=str(tmp_path), record_dir=str(tmp_path / "r")
+    )

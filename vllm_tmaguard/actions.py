@@ -1,10 +1,12 @@
-"""The only code that changes the process: loads the shim libraries. Idempotent (dlopen of a loaded
-library returns the same handle), safe in every worker."""
+"""The only code that changes the process: loads the shim libraries, sets vLLM's routing knobs, keeps
+TMA-only extensions from importing. Idempotent (dlopen of a loaded library returns the same handle, the
+knobs merge with what is set), safe in every worker (spawned workers inherit the knobs and re-run this)."""
 
 from __future__ import annotations
 
 import ctypes
 import os
+import sys
 from dataclasses import dataclass
 
 from .decision import Decision
@@ -31,6 +33,15 @@ def load_shim(library: str, real_driver: str | None) -> ctypes.CDLL:
     return shim
 
 
+def block_import(module: str) -> bool:
+    """Makes `import module` raise ImportError (Python's documented None entry in sys.modules), as if the
+    extension had failed to load; False if it is already imported."""
+    if sys.modules.get(module) is not None:
+        return False
+    sys.modules[module] = None  # type: ignore[assignment]
+    return True
+
+
 def apply(decision: Decision) -> Outcome:
     done, failed = [], []
     for supply in decision.supplies:
@@ -39,4 +50,16 @@ def apply(decision: Decision) -> Outcome:
             done.append(f"loaded {SHIM_FILES[supply.library]} ({', '.join(supply.symbols)}; {supply.how})")
         except (OSError, AttributeError) as error:
             failed.append(f"could not load {shim_path(supply.library)}: {error}")
+    routing = decision.routing
+    if routing is not None:
+        for variable, value in routing.env.items():
+            os.environ[variable] = value
+            done.append(f"set {variable}={value}")
+        for module in routing.block_modules:
+            if block_import(module):
+                done.append(f"kept {module} from importing")
+            else:
+                failed.append(
+                    f"{module} was imported before the guard ran: FlashAttention-3 stays selectable"
+                )
     return Outcome(tuple(done), tuple(failed))

@@ -1,15 +1,19 @@
 """The decision: a pure function of the facts and the toggles. What to supply and how, whether TMA is
-usable, what stays broken, and why."""
+usable, how to route vLLM's kernels, what stays broken, and why."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from .facts import Facts
 from .layers import ENCODERS
+from .routing import Routing, RoutingInputs, route
+from .routing_table import table_for
 from .toggles import Toggles
 
 PROC_ADDRESS_V2 = "cuGetProcAddress_v2"
+LAUNCH_EX = "cuLaunchKernelEx"
 MIN_TMA_CUDA_DRIVER = 12000  # TMA descriptors arrived with CUDA 12.0
 
 # What breaks when a driver symbol no shim supplies is missing, by the module that needs it.
@@ -22,7 +26,7 @@ _FEATURE_OF_MODULE = {
 @dataclass(frozen=True)
 class Supply:
     library: str  # "encoders" or "proc-address": which of the package's shim libraries
-    symbols: tuple[str, ...]  # the missing names it provides
+    symbols: tuple[str, ...]  # the names it exports
     how: str  # how the calls reach a real implementation
 
 
@@ -41,32 +45,79 @@ class Decision:
     real_driver: str | None = None
     unfixed: tuple[str, ...] = ()  # problems the guard cannot fix, each with its consequence
     tma: TmaVerdict | None = None
-    warnings: tuple[str, ...] = ()
+    routing: Routing | None = None
 
     @property
     def problem(self) -> str | None:
-        """The cause strict mode stops on, if any."""
-        return "; ".join(self.unfixed) if self.unfixed else None
+        """The cause strict mode stops on, if any: what the guard cannot fix, or user settings it overrode."""
+        causes = list(self.unfixed) + list(self.routing.overrides if self.routing else ())
+        return "; ".join(causes) if causes else None
+
+    @property
+    def fatal(self) -> str | None:
+        """A cause that stops start-up even without strict mode: the user insisted on what cannot be had."""
+        return self.routing.error if self.routing else None
 
 
-def _tma_verdict(facts: Facts, encoder_forwarded: bool) -> TmaVerdict:
-    hopper = sorted({gpu.compute_capability for gpu in facts.gpu.gpus if gpu.compute_capability[0] == 9})
-    if not hopper:
-        found = ", ".join(sorted({f"{a}.{b}" for a, b in facts.gpu.capabilities()})) or "no GPU"
-        return TmaVerdict(False, f"no sm_90 GPU ({found}): vLLM's Hopper TMA kernels do not apply")
-    cuda = facts.gpu.cuda_driver_version
-    if cuda is not None and cuda < MIN_TMA_CUDA_DRIVER:
-        return TmaVerdict(False, f"driver supports CUDA {cuda // 1000}.{cuda % 1000 // 10}, TMA needs 12.0")
+def _encoder(facts: Facts, forwarded: bool) -> tuple[bool, str]:
+    """Whether a real cuTensorMapEncodeTiled is reachable in this process, and why (passive evidence only)."""
     if facts.driver.exports(ENCODERS[0]):
-        return TmaVerdict(True, f"{facts.driver.path} exports {ENCODERS[0]}")
-    if encoder_forwarded:
-        return TmaVerdict(True, f"{ENCODERS[0]} forwarded to the real driver {facts.driver.real_driver}")
+        return True, f"{os.path.basename(facts.driver.path or '')} exports {ENCODERS[0]}"
+    if forwarded:
+        return True, f"{ENCODERS[0]} forwarded by the shim to the real driver {facts.driver.real_driver}"
     remote = [layer.name for layer in facts.layers if not layer.forwards_to_local_driver]
     if remote:
-        return TmaVerdict(False, f"{remote[0]}: no local driver to forward {ENCODERS[0]} to")
-    return TmaVerdict(
-        False,
-        f"no real {ENCODERS[0]} reachable: libcuda.so.1 lacks it and no real driver file was found beside it",
+        return False, f"{remote[0]}: no local driver to forward {ENCODERS[0]} to"
+    return False, f"libcuda.so.1 lacks {ENCODERS[0]} and no real driver file was found beside it"
+
+
+def _tma_verdict(facts: Facts, encoder: tuple[bool, str]) -> TmaVerdict:
+    hopper = [gpu for gpu in facts.gpu.gpus if gpu.compute_capability[0] == 9]
+    if not hopper:
+        found = ", ".join(sorted({f"{a}.{b}" for a, b in facts.gpu.capabilities()})) or "no GPU seen"
+        return TmaVerdict(False, f"no sm_90 GPU ({found})")
+    cuda = facts.gpu.cuda_driver_version
+    if cuda is not None and cuda < MIN_TMA_CUDA_DRIVER:
+        return TmaVerdict(
+            False, f"the driver supports CUDA {cuda // 1000}.{cuda % 1000 // 10}; TMA needs 12.0"
+        )
+    return TmaVerdict(encoder[0], encoder[1])
+
+
+def _supplies(facts: Facts, missing: dict[str, tuple[str, ...]]) -> list[Supply]:
+    supplies = []
+    if any(symbol in missing for symbol in ENCODERS):
+        real = facts.driver.real_driver
+        how = "through the layer's cuGetProcAddress" + (f", else the real driver {real}" if real else "")
+        supplies.append(Supply("encoders", ENCODERS, how))
+    if PROC_ADDRESS_V2 in missing:
+        supplies.append(
+            Supply(
+                "proc-address",
+                (PROC_ADDRESS_V2,),
+                "built on the layer's own cuGetProcAddress, so its hooks stay in place",
+            )
+        )
+    return supplies
+
+
+def _routing(facts: Facts, toggles: Toggles, encoder: tuple[bool, str], tma: TmaVerdict) -> Routing:
+    table, note = table_for(facts.vllm.version)
+    return route(
+        RoutingInputs(
+            table=table,
+            version_note=note,
+            vllm_version=facts.vllm.version,
+            capabilities=facts.gpu.capabilities(),
+            encoder_reachable=encoder[0],
+            encoder_reason=encoder[1],
+            tma_usable=tma.usable,
+            tma_reason=tma.reason,
+            launch_ex=facts.driver.exports(LAUNCH_EX),
+            gemm=toggles.gemm,
+            listed=facts.kernels_listed,
+            environ=facts.environ,
+        )
     )
 
 
@@ -90,27 +141,12 @@ def decide(facts: Facts, toggles: Toggles) -> Decision:
     if not facts.vllm.found:
         return Decision("info", "vLLM is not installed: nothing to check", apply)
 
-    needs = facts.vllm.needs()
-    missing = {symbol: modules for symbol, modules in needs.items() if not driver.exports(symbol)}
-    supplies: list[Supply] = []
-    unfixed: list[str] = []
-    forwarding_to_real = driver.real_driver is not None
-    if any(symbol in missing for symbol in ENCODERS):
-        how = (
-            f"through the layer's cuGetProcAddress, else the real driver {driver.real_driver}"
-            if forwarding_to_real
-            else "through the layer's cuGetProcAddress"
-        )
-        supplies.append(Supply("encoders", ENCODERS, how))
-    if PROC_ADDRESS_V2 in missing:
-        supplies.append(
-            Supply(
-                "proc-address",
-                (PROC_ADDRESS_V2,),
-                "built on the layer's own cuGetProcAddress, so its hooks stay in place",
-            )
-        )
+    missing = {
+        symbol: modules for symbol, modules in facts.vllm.needs().items() if not driver.exports(symbol)
+    }
+    supplies = _supplies(facts, missing)
     supplied = {symbol for supply in supplies for symbol in supply.symbols}
+    unfixed = []
     for symbol, modules in missing.items():
         if symbol not in supplied:
             features = sorted({_FEATURE_OF_MODULE.get(m, m) for m in modules})
@@ -119,13 +155,10 @@ def decide(facts: Facts, toggles: Toggles) -> Decision:
                 "(not supplied: forwarding it around the layer would bypass its quota)"
             )
 
-    tma = _tma_verdict(facts, encoder_forwarded=forwarding_to_real and bool(supplies))
-    warnings = []
-    if not tma.usable and any(gpu.compute_capability[0] == 9 for gpu in facts.gpu.gpus):
-        warnings.append(
-            f"TMA is unusable on this sm_90 GPU ({tma.reason}); a TMA kernel (Machete, CUTLASS "
-            "sm90, FlashAttention-3) would stop the process with an illegal instruction"
-        )
+    forwarded = driver.real_driver is not None and any(s.library == "encoders" for s in supplies)
+    encoder = _encoder(facts, forwarded)
+    tma = _tma_verdict(facts, encoder)
+    routing = _routing(facts, toggles, encoder, tma)
 
     layer = facts.layers[0].name if facts.layers else "no sharing layer"
     if supplies:
@@ -133,7 +166,5 @@ def decide(facts: Facts, toggles: Toggles) -> Decision:
         summary = f"{layer}: libcuda.so.1 lacks {names}; {'supplying' if apply else 'would supply'} them"
     else:
         summary = f"{layer}: libcuda.so.1 has every entry point vLLM needs; nothing to load"
-    level = "warning" if unfixed or warnings else "info"
-    return Decision(
-        level, summary, apply, tuple(supplies), driver.real_driver, tuple(unfixed), tma, tuple(warnings)
-    )
+    level = "warning" if unfixed or routing.overrides or routing.hints or routing.error else "info"
+    return Decision(level, summary, apply, tuple(supplies), driver.real_driver, tuple(unfixed), tma, routing)

@@ -6,13 +6,14 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .elf import ElfError, ElfInfo, read_elf
 from .gpu import GpuFacts, probe_gpus
 from .layers import ENCODERS, Layer, detect_layers, gather_evidence
 from .loader import LibraryResolution, read_self_maps, resolve_library
-from .vllm_probe import DRIVER_LIBRARY, VllmFacts, probe_vllm
+from .routing_table import table_for
+from .vllm_probe import DRIVER_LIBRARY, VllmFacts, names_listed, probe_vllm
 
 _DRIVER_FILE = re.compile(r"^libcuda\.so\.(\d+(?:\.\d+)+)$")
 
@@ -39,6 +40,8 @@ class Facts:
     vllm: VllmFacts
     layers: tuple[Layer, ...]
     trigger: str
+    kernels_listed: frozenset[str] | None = None  # the routing table's names the installed vLLM lists
+    environ: Mapping[str, str] = field(default_factory=dict)  # the user's settings routing merges with
 
 
 def find_real_driver(libcuda: ElfInfo | None, driver_version: str | None) -> str | None:
@@ -84,8 +87,29 @@ def probe_driver(environ: Mapping[str, str], root: str, driver_version: str | No
     return DriverFacts(resolution, info, real_driver=real)
 
 
-def probe(environ: Mapping[str, str], root: str, trigger: str) -> Facts:
-    gpu = probe_gpus()
+def probe(
+    environ: Mapping[str, str],
+    root: str,
+    trigger: str,
+    gpu: GpuFacts | None = None,
+    vllm_dir: str | None = None,
+) -> Facts:
+    """One pass of the probes. `gpu`: NVML's answer gathered elsewhere (the doctor asks NVML in a child
+    process); `vllm_dir`: the vLLM package directory to read instead of the one on sys.path."""
+    gpu = probe_gpus() if gpu is None else gpu
     driver = probe_driver(environ, root, gpu.driver_version)
     layers = detect_layers(gather_evidence(root, environ, driver.info))
-    return Facts(gpu=gpu, driver=driver, vllm=probe_vllm(), layers=layers, trigger=trigger)
+    vllm = probe_vllm(vllm_dir)
+    listed = None
+    if vllm.package_dir:
+        table, _ = table_for(vllm.version)
+        listed = names_listed(vllm.package_dir, table.listed_in, table.kernels)
+    return Facts(
+        gpu=gpu,
+        driver=driver,
+        vllm=vllm,
+        layers=layers,
+        trigger=trigger,
+        kernels_listed=listed,
+        environ=dict(environ),
+    )

@@ -70,6 +70,10 @@ def _run(trigger: str) -> dict[str, Any] | None:
                 f"internal error {type(error).__name__}: {error}", "report it, or set TMAGUARD_MODE=off"
             ) from error
         return None
+    if decision.fatal:
+        raise GuardStop(
+            decision.fatal, "set TMAGUARD_GEMM=auto (or portable) to let the guard route around it"
+        )
     if toggles.strict and (decision.problem or outcome.failed):
         raise GuardStop(
             decision.problem or "; ".join(outcome.failed),

@@ -15,6 +15,7 @@ from . import __version__
 from .actions import Outcome
 from .decision import Decision
 from .facts import Facts
+from .routing import Routing
 
 logger = logging.getLogger("vllm_tmaguard")
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
@@ -71,14 +72,35 @@ def build_record(
         "tma": None
         if decision.tma is None
         else {"usable": decision.tma.usable, "reason": decision.tma.reason},
+        "routing": _routing_record(decision.routing),
         "unfixed": list(decision.unfixed),
-        "warnings": list(decision.warnings),
-        "actions": list(outcome.done)
-        if decision.apply
-        else [f"would: {s.library}" for s in decision.supplies],
+        "actions": list(outcome.done) if decision.apply else _would(decision),
         "failed": list(outcome.failed),
         "elapsed_ms": round(elapsed_ms, 2),
     }
+
+
+def _routing_record(routing: Routing | None) -> dict[str, Any] | None:
+    if routing is None:
+        return None
+    return {
+        "families": [{"family": f.family, "path": f.path, "why": f.why} for f in routing.families],
+        "env": routing.env,
+        "blocked_imports": list(routing.block_modules),
+        "disabled_kernels": [{"kernel": name, "why": why} for name, why in routing.disabled],
+        "overrides": list(routing.overrides),
+        "hints": list(routing.hints),
+        "stale": list(routing.stale),
+        "error": routing.error,
+    }
+
+
+def _would(decision: Decision) -> list[str]:
+    would = [f"would load the {s.library} shim" for s in decision.supplies]
+    if decision.routing:
+        would += [f"would set {k}={v}" for k, v in decision.routing.env.items()]
+        would += [f"would keep {m} from importing" for m in decision.routing.block_modules]
+    return would
 
 
 def render_text(record: dict[str, Any]) -> str:
@@ -98,7 +120,15 @@ def render_text(record: dict[str, Any]) -> str:
     parts += record["actions"] + [f"FAILED: {f}" for f in record["failed"]]
     if record["tma"]:
         parts.append(f"TMA {'usable' if record['tma']['usable'] else 'unusable'}: {record['tma']['reason']}")
-    parts += [f"PROBLEM: {u}" for u in record["unfixed"]] + [f"WARNING: {w}" for w in record["warnings"]]
+    routing = record["routing"]
+    if routing:
+        parts += [f"{f['family']} -> {f['path']} ({f['why']})" for f in routing["families"]]
+        parts += [f"OVERRIDE: {o}" for o in routing["overrides"]] + [
+            f"NO KNOB: {h}" for h in routing["hints"]
+        ]
+        parts += [f"STALE: {s}" for s in routing["stale"]]
+        parts += [f"ERROR: {routing['error']}"] if routing["error"] else []
+    parts += [f"PROBLEM: {u}" for u in record["unfixed"]]
     parts.append(f"{record['elapsed_ms']} ms")
     return "; ".join(parts)
 

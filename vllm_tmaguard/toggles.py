@@ -32,6 +32,14 @@ TOGGLES: tuple[ToggleSpec, ...] = (
         "(or fails itself); 0: log it and let vLLM go on",
     ),
     ToggleSpec(
+        "TMAGUARD_GEMM",
+        ("auto", "hopper", "portable", "latency"),
+        "auto",
+        "auto: Hopper TMA kernels on sm_90 when a real encoder is reachable, else Marlin/cp.async paths; "
+        "hopper: insist on the TMA kernels (start-up stops if TMA is unusable); portable: Marlin/cp.async "
+        "everywhere; latency: Marlin for W4A16/W8A16 on sm_90 (faster at 1-16 tokens per step)",
+    ),
+    ToggleSpec(
         "TMAGUARD_LOG_FORMAT",
         ("text", "json"),
         "text",
@@ -69,6 +77,7 @@ class ToggleError(ValueError):
 class Toggles:
     mode: str = "auto"
     strict: bool = False
+    gemm: str = "auto"
     log_format: str = "text"
     root: str = "/"
     record_dir: str = ""
@@ -105,6 +114,7 @@ def parse_toggles(environ: Mapping[str, str]) -> Toggles:
     return Toggles(
         mode=_choice(environ, "TMAGUARD_MODE"),
         strict=_choice(environ, "TMAGUARD_STRICT") == "1",
+        gemm=_choice(environ, "TMAGUARD_GEMM"),
         log_format=_choice(environ, "TMAGUARD_LOG_FORMAT"),
         root=_directory(environ, "TMAGUARD_ROOT", "/", must_exist=True),
         record_dir=_directory(environ, "TMAGUARD_RECORD_DIR", default_record_dir(), must_exist=False),

@@ -45,10 +45,10 @@ class VllmFacts:
         return {symbol: tuple(sorted(modules)) for symbol, modules in sorted(users.items())}
 
 
-def find_package_dir(name: str = "vllm") -> str | None:
+def find_package_dir(name: str = "vllm", search_path: list[str] | None = None) -> str | None:
     """The package's directory, located like `import` would, without executing it (and without meta-path
-    hooks, so the guard's own import hook is not re-entered)."""
-    spec = importlib.machinery.PathFinder.find_spec(name, sys.path)
+    hooks, so the guard's own import hook is not re-entered). `search_path`: instead of sys.path."""
+    spec = importlib.machinery.PathFinder.find_spec(name, sys.path if search_path is None else search_path)
     if spec is None or not spec.submodule_search_locations:
         return None
     return next(iter(spec.submodule_search_locations))
@@ -92,6 +92,11 @@ def _module_name(package_dir: str, path: str) -> str:
     return relative.split(".", 1)[0].replace(os.sep, ".")
 
 
+def extension_modules(package_dir: str, version: str | None) -> list[tuple[str, str]]:
+    """(module, path) of every extension module in the package, whether or not it links libcuda.so.1."""
+    return [(_module_name(package_dir, path), path) for path in _extension_files(package_dir, version)]
+
+
 def scan_extension(package_dir: str, path: str) -> Extension | None:
     """The extension's driver needs; None when it does not link libcuda.so.1 (nothing to resolve there)."""
     module = _module_name(package_dir, path)
@@ -103,6 +108,12 @@ def scan_extension(package_dir: str, path: str) -> Extension | None:
         return None
     symbols = frozenset(s for s in info.undefined if _DRIVER_SYMBOL.match(s))
     return Extension(module, path, symbols)
+
+
+def names_listed(package_dir: str, relative: str, names: tuple[str, ...]) -> frozenset[str] | None:
+    """Which of `names` appear in one of the package's source files; None if the file is unreadable."""
+    text = _read_text(os.path.join(package_dir, relative))
+    return None if text is None else frozenset(n for n in names if re.search(rf"\b{n}\b", text))
 
 
 def probe_vllm(package_dir: str | None = None) -> VllmFacts:

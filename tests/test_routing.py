@@ -1,0 +1,196 @@
+"""Routing through vLLM's own knobs, checked with vLLM 0.32.0's real kernel selectors in fresh processes,
+plus the pure routing function as a table of scenarios."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vllm_tmaguard.routing import RoutingInputs, route
+from vllm_tmaguard.routing_table import KERNELS, TABLES, table_for
+
+SELECTORS = (Path(__file__).parent / "selector_probe.py").read_text()
+H100 = {"gpu_name": "NVIDIA H100 80GB HBM3", "cc": "9.0"}
+# Paths that run TMA kernels (need a real encoder) on sm_90.
+TMA_ON_HOPPER = {name for name, kernel in KERNELS.items() if 9 in kernel.tma_majors}
+SM90A_ONLY = {name for name, kernel in KERNELS.items() if kernel.sm90a_only}
+
+
+def selectors(run_python, pod, **env: str) -> tuple[dict, dict]:
+    run = run_python(pod, SELECTORS, env)
+    result = run.result
+    assert "error" not in result, run.stderr[-3000:]
+    return result, run.last_record()
+
+
+def families(record: dict) -> dict[str, str]:
+    return {f["family"]: f["path"] for f in record["routing"]["families"]}
+
+
+def test_h100_with_forwarded_encoder_keeps_machete_and_fa3(pods, run_python) -> None:
+    result, record = selectors(run_python, pods("vcuda", **H100))
+    assert result["w4a16"] == "MacheteLinearKernel"
+    assert result["fa"] == 3
+    assert result["fp8"] == "CutlassFP8ScaledMMLinearKernel"
+    assert record["tma"]["usable"] is True
+    assert families(record)["mixed-precision linear"] == "vLLM's choice: Machete (sm_90 TMA)"
+    # The layer lacks cuLaunchKernelEx, which Humming's launcher needs: only Humming is kept out.
+    assert result["env"]["VLLM_DISABLED_KERNELS"].split(",") == [
+        "HummingLinearKernel",
+        "HummingFP8ScaledMMLinearKernel",
+        "HummingInt8ScaledMMLinearKernel",
+    ]
+
+
+def test_h100_without_reachable_encoder_routes_everything_off_tma(pods, run_python) -> None:
+    result, record = selectors(run_python, pods("lupine", **H100))
+    assert result["w4a16"] == "MarlinLinearKernel"
+    assert result["fa"] == 2
+    assert {result["w4a16"], result["fp8"], result["fp8_block"]}.isdisjoint(TMA_ON_HOPPER)
+    assert result["env"]["VLLM_USE_DEEP_GEMM"] == "0" and result["env"]["VLLM_MOE_USE_DEEP_GEMM"] == "0"
+    assert record["tma"]["usable"] is False
+    assert families(record) == {
+        "mixed-precision linear": "Marlin (cp.async)",
+        "FP8/INT8 linear": "torch._scaled_mm (cuBLASLt) / Triton / Marlin FP8",
+        "MoE": "Triton / Marlin MoE; DeepGEMM off",
+        "attention": "FlashAttention-2",
+    }
+    assert any("--moe-backend marlin" in hint for hint in record["routing"]["hints"])
+
+
+@pytest.mark.parametrize(
+    ("name", "cc"), [("NVIDIA GeForce RTX 4090", "8.9"), ("NVIDIA GeForce RTX 5070", "12.0")]
+)
+def test_non_hopper_gets_marlin_and_no_sm90a_path(pods, run_python, name: str, cc: str) -> None:
+    result, record = selectors(run_python, pods("vcuda", gpu_name=name, cc=cc))
+    assert result["w4a16"] == "MarlinLinearKernel" and result["fa"] == 2
+    assert {result["w4a16"], result["fp8"], result["fp8_block"]}.isdisjoint(SM90A_ONLY)
+    mixed = next(f for f in record["routing"]["families"] if f["family"] == "mixed-precision linear")
+    assert mixed["path"] == "Marlin (cp.async)"
+    assert "vLLM limits Machete and CUTLASS W4A8 to compute capability 9.0" in mixed["why"]
+
+
+def test_user_disabled_kernels_survive_and_conflicting_setting_is_overridden(pods, run_python) -> None:
+    user = {"VLLM_DISABLED_KERNELS": "ExllamaLinearKernel, ConchLinearKernel", "VLLM_USE_DEEP_GEMM": "1"}
+    result, record = selectors(run_python, pods("lupine", **H100), **user)
+    disabled = result["env"]["VLLM_DISABLED_KERNELS"].split(",")
+    assert disabled[:2] == ["ExllamaLinearKernel", "ConchLinearKernel"] and "MacheteLinearKernel" in disabled
+    assert result["env"]["VLLM_USE_DEEP_GEMM"] == "0"
+    (override,) = record["routing"]["overrides"]
+    assert override.startswith("VLLM_USE_DEEP_GEMM=1 overridden to 0")
+
+
+def test_conflicting_setting_is_refused_in_strict_mode(pods, run_python) -> None:
+    env = {"VLLM_USE_DEEP_GEMM": "1", "TMAGUARD_STRICT": "1"}
+    run = run_python(pods("lupine", **H100), SELECTORS, env)
+    assert run.returncode == 1 and "RESULT" not in run.stdout
+    assert "stopped start-up: VLLM_USE_DEEP_GEMM=1 overridden to 0" in run.stderr
+
+
+def test_gemm_latency_picks_marlin_for_w4a16_only(pods, run_python) -> None:
+    result, _ = selectors(run_python, pods("bare", **H100), TMAGUARD_GEMM="latency")
+    assert result["w4a16"] == "MarlinLinearKernel"
+    assert result["fp8"] == "CutlassFP8ScaledMMLinearKernel" and result["fa"] == 3
+    assert result["env"]["VLLM_DISABLED_KERNELS"] == "MacheteLinearKernel,HummingLinearKernel"
+
+
+def test_gemm_portable_forces_cp_async_paths_even_with_an_encoder(pods, run_python) -> None:
+    result, _ = selectors(run_python, pods("bare", **H100), TMAGUARD_GEMM="portable")
+    assert result["w4a16"] == "MarlinLinearKernel" and result["fa"] == 2
+    assert {result["fp8"], result["fp8_block"]}.isdisjoint(TMA_ON_HOPPER)
+
+
+def test_gemm_hopper_and_auto_keep_the_tma_path_on_a_complete_driver(pods, run_python) -> None:
+    for gemm in ("hopper", "auto"):
+        result, record = selectors(run_python, pods("bare", **H100), TMAGUARD_GEMM=gemm)
+        assert result["w4a16"] == "MacheteLinearKernel" and result["fa"] == 3
+        assert record["routing"]["env"] == {} and record["routing"]["error"] is None
+
+
+def test_gemm_hopper_stops_start_up_when_tma_is_unusable(pods, run_python) -> None:
+    run = run_python(pods("lupine", **H100), SELECTORS, {"TMAGUARD_GEMM": "hopper"})
+    assert run.returncode == 1
+    assert "TMAGUARD_GEMM=hopper insists on Hopper TMA kernels, but TMA is unusable: lupine" in run.stderr
+
+
+def test_gemm_bad_value_names_it(pods, run_python) -> None:
+    run = run_python(pods("bare", **H100), SELECTORS, {"TMAGUARD_GEMM": "fastest"})
+    (line,) = run.guard_lines()
+    assert "TMAGUARD_GEMM='fastest'" in line and "auto | hopper | portable | latency" in line
+
+
+def test_table_matches_vllm_0_32_class_names(pods, run_python) -> None:
+    table, note = table_for("0.32.0")
+    assert note is None and table is TABLES[-1]
+    code = (
+        "import json, vllm.platforms as p; p.current_platform\n"
+        "import vllm.model_executor.kernels.linear as linear\n"
+        f"names = {list(table.kernels)!r}\n"
+        "print('RESULT ' + json.dumps({n: isinstance(getattr(linear, n, None), type) for n in names}))\n"
+    )
+    run = run_python(pods("bare"), code)
+    assert run.result == dict.fromkeys(table.kernels, True)
+    assert run.last_record()["routing"]["stale"] == []
+
+
+# The pure function, as a table of scenarios.
+def _inputs(**overrides) -> RoutingInputs:
+    base = dict(
+        table=TABLES[-1],
+        version_note=None,
+        vllm_version="0.32.0",
+        capabilities=frozenset({(9, 0)}),
+        encoder_reachable=True,
+        encoder_reason="exported",
+        tma_usable=True,
+        tma_reason="exported",
+        launch_ex=True,
+        gemm="auto",
+        listed=frozenset(TABLES[-1].kernels),
+        environ={},
+    )
+    base.update(overrides)
+    return RoutingInputs(**base)
+
+
+def test_old_vllm_without_exact_gate_disables_machete_on_blackwell() -> None:
+    table, _ = table_for("0.6.6.post1")
+    routing = route(
+        _inputs(
+            table=table,
+            vllm_version="0.6.6.post1",
+            capabilities=frozenset({(12, 0)}),
+            listed=frozenset(table.kernels),
+        )
+    )
+    assert routing.env == {"VLLM_DISABLED_KERNELS": "MacheteLinearKernel"}
+    assert "does not limit it to compute capability 9.0" in routing.disabled[0][1]
+
+
+def test_unknown_gpu_and_no_encoder_routes_conservatively() -> None:
+    routing = route(_inputs(capabilities=frozenset(), encoder_reachable=False, tma_usable=False))
+    assert "MacheteLinearKernel" in routing.env["VLLM_DISABLED_KERNELS"]
+    assert "vllm.vllm_flash_attn._vllm_fa3_C" in routing.block_modules
+
+
+def test_old_vllm_flash_attn_env_is_overridden() -> None:
+    table, _ = table_for("0.10.2")
+    routing = route(
+        _inputs(
+            table=table,
+            encoder_reachable=False,
+            tma_usable=False,
+            environ={"VLLM_FLASH_ATTN_VERSION": "3"},
+            listed=frozenset(table.kernels),
+        )
+    )
+    assert routing.env["VLLM_FLASH_ATTN_VERSION"] == "2"
+    assert routing.overrides[0].startswith("VLLM_FLASH_ATTN_VERSION=3 overridden to 2")
+
+
+def test_stale_names_and_unread_versions_are_reported_not_fatal() -> None:
+    routing = route(_inputs(listed=frozenset({"MacheteLinearKernel"}), version_note="vLLM 0.40.0 is newer"))
+    assert routing.stale[0] == "vLLM 0.40.0 is newer"
+    assert any(s.startswith("CutlassW4A8LinearKernel is not listed") for s in routing.stale)
+    assert table_for("0.40.0")[1] and table_for("0.5.0")[1] and table_for(None)[1]

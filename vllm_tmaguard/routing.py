@@ -1,0 +1,216 @@
+"""Routing: which of vLLM's kernel paths to steer away from, through vLLM's own knobs. A pure function of
+the installed vLLM's table, the GPUs, whether a real encoder is reachable, and the user's settings."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from .routing_table import ATTENTION, KERNELS, MIXED_PRECISION, MOE, SCALED_MM, VersionTable
+
+DISABLED_KERNELS = "VLLM_DISABLED_KERNELS"
+
+
+@dataclass(frozen=True)
+class RoutingInputs:
+    table: VersionTable
+    version_note: str | None
+    vllm_version: str | None
+    capabilities: frozenset[tuple[int, int]]  # empty: NVML could not tell
+    encoder_reachable: bool
+    encoder_reason: str
+    tma_usable: bool  # sm_90, a new enough driver and a reachable encoder
+    tma_reason: str
+    launch_ex: bool  # libcuda.so.1 (or what the guard adds) has cuLaunchKernelEx
+    gemm: str  # TMAGUARD_GEMM
+    listed: frozenset[str] | None  # kernel names the installed vLLM's selector file lists; None: unreadable
+    environ: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class FamilyRoute:
+    family: str
+    path: str  # the path vLLM will take
+    why: str
+
+
+@dataclass(frozen=True)
+class Routing:
+    env: dict[str, str]  # variables to set, with their final values
+    block_modules: tuple[str, ...]  # extension modules to make unimportable (vLLM then falls back itself)
+    disabled: tuple[tuple[str, str], ...]  # (kernel class, why)
+    families: tuple[FamilyRoute, ...]
+    overrides: tuple[str, ...]  # user settings the guard overrode, each naming the setting
+    hints: tuple[str, ...]  # TMA paths no knob reaches, with the command-line flag that does
+    stale: tuple[str, ...]  # table knowledge the installed vLLM does not match
+    error: str | None = None  # TMAGUARD_GEMM=hopper on a pod where TMA is unusable
+
+
+def _majors(inputs: RoutingInputs) -> frozenset[int]:
+    # Unknown GPU: route as if it could be any TMA architecture; a disabled kernel costs speed, a TMA kernel
+    # without an encoder costs the process.
+    return frozenset(m for m, _ in inputs.capabilities) or frozenset({9, 10, 12})
+
+
+def _why_disabled(name: str, inputs: RoutingInputs, majors: frozenset[int]) -> str | None:
+    kernel = KERNELS[name]
+    uses_tma_here = bool(kernel.tma_majors & majors)
+    if inputs.gemm == "portable" and uses_tma_here:
+        return "TMAGUARD_GEMM=portable"
+    if not inputs.encoder_reachable and uses_tma_here:
+        return f"no real tensor-map encoder ({inputs.encoder_reason})"
+    if kernel.sm90a_only and not inputs.table.gated_to_90 and any(m >= 10 for m in majors):
+        return f"sm_90a-only code, and vLLM {inputs.vllm_version} does not limit it to compute capability 9.0"
+    if kernel.needs_launch_ex and not inputs.launch_ex:
+        return "libcuda.so.1 lacks cuLaunchKernelEx, which its launcher needs"
+    if inputs.gemm == "latency" and kernel.latency_swap and 9 in majors:
+        return "TMAGUARD_GEMM=latency: Marlin is ~10% faster for 1-16 tokens per step on sm_90"
+    return None
+
+
+def _merge_disabled(user_value: str, ours: list[str]) -> str | None:
+    """The user's entries (kept, whitespace trimmed: vLLM matches names exactly) followed by ours."""
+    user = [entry.strip() for entry in user_value.split(",") if entry.strip()]
+    added = [name for name in ours if name not in user]
+    return ",".join(user + added) if added else None
+
+
+def route(inputs: RoutingInputs) -> Routing:
+    table, environ = inputs.table, inputs.environ
+    majors = _majors(inputs)
+    steer_off_tma = inputs.gemm == "portable" or not inputs.encoder_reachable
+    disabled = [(n, why) for n in table.kernels if (why := _why_disabled(n, inputs, majors))]
+    env: dict[str, str] = {}
+    overrides: list[str] = []
+
+    merged = _merge_disabled(environ.get(DISABLED_KERNELS, ""), [name for name, _ in disabled])
+    if merged is not None:
+        env[DISABLED_KERNELS] = merged
+
+    def force(variable: str, value: str, why: str) -> None:
+        current = environ.get(variable)
+        if current is not None and current.strip() != value:
+            overrides.append(f"{variable}={current} overridden to {value}: {why}")
+        if current is None or current.strip() != value:
+            env[variable] = value
+
+    deep_gemm_off = steer_off_tma and bool(majors & {9, 10})
+    for variable in table.deep_gemm_off if deep_gemm_off else ():
+        force(
+            variable,
+            "0",
+            "DeepGEMM's kernels use TMA and no real encoder is reachable"
+            if not inputs.encoder_reachable
+            else "TMAGUARD_GEMM=portable",
+        )
+    fa3_off = steer_off_tma and 9 in majors
+    if fa3_off and table.flash_attn_env:
+        force(
+            table.flash_attn_env,
+            "2",
+            "FlashAttention-3 uses TMA and no real encoder is reachable"
+            if not inputs.encoder_reachable
+            else "TMAGUARD_GEMM=portable",
+        )
+    blocked = tuple(m for m in (table.fa3_module, table.flashmla_module) if m and fa3_off)
+
+    error = None
+    if inputs.gemm == "hopper" and not inputs.tma_usable:
+        error = (
+            f"TMAGUARD_GEMM=hopper insists on Hopper TMA kernels, but TMA is unusable: {inputs.tma_reason}"
+        )
+
+    families = _families(inputs, majors, dict(disabled), deep_gemm_off, fa3_off)
+    hints = table.no_knob if steer_off_tma and majors & {9, 10, 12} else ()
+    stale = [
+        f"{n} is not listed in the installed vLLM's {table.listed_in}: routing knowledge read from vLLM "
+        f"{table.read_from} may be stale"
+        for n in table.kernels
+        if inputs.listed is not None and n not in inputs.listed
+    ]
+    if inputs.version_note:
+        stale.insert(0, inputs.version_note)
+    return Routing(env, blocked, tuple(disabled), families, tuple(overrides), hints, tuple(stale), error)
+
+
+def _families(
+    inputs: RoutingInputs,
+    majors: frozenset[int],
+    disabled: dict[str, str],
+    deep_gemm_off: bool,
+    fa3_off: bool,
+) -> tuple[FamilyRoute, ...]:
+    """The path vLLM takes per family: the first kernel of vLLM's candidate order the guard left enabled."""
+
+    def first_enabled(order: tuple[tuple[str, str], ...]) -> tuple[str, str] | None:
+        present = [(n, label) for n, label in order if n in inputs.table.kernels]
+        return next(((n, label) for n, label in present if n not in disabled), None)
+
+    def why_disabled(names: tuple[str, ...]) -> str:
+        return "; ".join(dict.fromkeys(f"{n}: {disabled[n]}" for n in names if n in disabled))
+
+    routes = []
+    mixed = ("MacheteLinearKernel", "HummingLinearKernel")
+    chosen = first_enabled((("MacheteLinearKernel", "Machete"), ("HummingLinearKernel", "Humming")))
+    if 9 not in majors:
+        gate = (
+            "vLLM limits Machete and CUTLASS W4A8 to compute capability 9.0"
+            if inputs.table.gated_to_90
+            else why_disabled(mixed) or "Machete needs compute capability >= 9.0"
+        )
+        routes.append(FamilyRoute(MIXED_PRECISION, "Marlin (cp.async)", f"no sm_90 GPU; {gate}"))
+    elif chosen:
+        routes.append(
+            FamilyRoute(MIXED_PRECISION, f"vLLM's choice: {chosen[1]} (sm_90 TMA)", inputs.tma_reason)
+        )
+    else:
+        routes.append(FamilyRoute(MIXED_PRECISION, "Marlin (cp.async)", why_disabled(mixed)))
+
+    cutlass = "CutlassFP8ScaledMMLinearKernel"
+    if not majors & {9, 10, 12}:
+        routes.append(FamilyRoute(SCALED_MM, "vLLM's choice: CUTLASS 2.x / torch", "no TMA below sm_90"))
+    elif cutlass not in inputs.table.kernels:
+        routes.append(FamilyRoute(SCALED_MM, "CUTLASS 3.x (TMA)", "no knob in this vLLM version: see hints"))
+    elif cutlass in disabled:
+        routes.append(
+            FamilyRoute(
+                SCALED_MM,
+                "torch._scaled_mm (cuBLASLt) / Triton / Marlin FP8",
+                why_disabled(tuple(n for n in disabled if KERNELS[n].family == SCALED_MM)),
+            )
+        )
+    else:
+        routes.append(FamilyRoute(SCALED_MM, "vLLM's choice: CUTLASS 3.x (TMA)", inputs.encoder_reason))
+
+    if deep_gemm_off:
+        routes.append(
+            FamilyRoute(
+                MOE,
+                "Triton / Marlin MoE; DeepGEMM off",
+                "grouped-GEMM backends chosen by quantization have no knob: see hints",
+            )
+        )
+    else:
+        routes.append(
+            FamilyRoute(
+                MOE,
+                "vLLM's choice",
+                inputs.encoder_reason if majors & {9, 10} else "no TMA MoE kernel below sm_90",
+            )
+        )
+
+    if fa3_off:
+        routes.append(
+            FamilyRoute(
+                ATTENTION,
+                "FlashAttention-2",
+                "FA3 (and FlashMLA) extension kept from importing, so vLLM falls back by itself",
+            )
+        )
+    elif 9 in majors:
+        routes.append(FamilyRoute(ATTENTION, "vLLM's choice: FlashAttention-3", inputs.tma_reason))
+    else:
+        routes.append(
+            FamilyRoute(ATTENTION, "FlashAttention-2", "vLLM uses FA3 only on compute capability 9.x")
+        )
+    return tuple(routes)
