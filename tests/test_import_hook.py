@@ -47,7 +47,7 @@ def test_old_vllm_import_works_through_the_pth_hook(pods, run_python, tmp_path) 
     record = run.last_record()
     assert record["trigger"] == "import-hook" and record["vllm"]["version"] == "0.6.6.post1"
     assert record["vllm"]["platform_plugins"] is False
-    assert record["supplied"] == {"cuTensorMapEncodeTiled": "encoders"}
+    assert record["supplied"]["cuTensorMapEncodeTiled"] == "overlay"
 
 
 def test_hook_does_nothing_until_vllm_is_imported() -> None:

@@ -1,6 +1,7 @@
-"""The only code that changes the process: loads the shim libraries, sets vLLM's routing knobs, keeps
-TMA-only extensions from importing. Idempotent (dlopen of a loaded library returns the same handle, the
-knobs merge with what is set), safe in every worker (spawned workers inherit the knobs and re-run this)."""
+"""The only code that changes the process: loads the overlay or the shim libraries, sets vLLM's routing
+knobs, keeps TMA-only extensions from importing. Idempotent (dlopen of a loaded library returns the same
+handle, the knobs merge with what is set), safe in every worker (spawned workers inherit the knobs and
+re-run this)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,9 @@ import os
 import sys
 from dataclasses import dataclass
 
-from .decision import Decision
-
-LIBRARY_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib")
-SHIM_FILES = {"encoders": "libtmaguard_encoders.so", "proc-address": "libtmaguard_proc_address.so"}
+from . import overlay
+from .decision import Decision, Supply
+from .libraries import SHIM_FILES, shim_path
 
 
 @dataclass(frozen=True)
@@ -21,16 +21,22 @@ class Outcome:
     failed: tuple[str, ...] = ()
 
 
-def shim_path(library: str) -> str:
-    return os.path.join(LIBRARY_DIR, SHIM_FILES[library])
+def _configure(library: ctypes.CDLL, real_driver: str | None) -> ctypes.CDLL:
+    library.tmaguard_shim_set_real_driver.argtypes = [ctypes.c_char_p]
+    library.tmaguard_shim_set_real_driver(os.fsencode(real_driver) if real_driver else None)
+    return library
 
 
 def load_shim(library: str, real_driver: str | None) -> ctypes.CDLL:
     """Loads one shim into the global scope, ahead of libcuda.so.1 for every later look-up of its names."""
-    shim = ctypes.CDLL(shim_path(library), mode=os.RTLD_GLOBAL | os.RTLD_NOW)
-    shim.tmaguard_shim_set_real_driver.argtypes = [ctypes.c_char_p]
-    shim.tmaguard_shim_set_real_driver(os.fsencode(real_driver) if real_driver else None)
-    return shim
+    return _configure(ctypes.CDLL(shim_path(library), mode=os.RTLD_GLOBAL | os.RTLD_NOW), real_driver)
+
+
+def load_overlay(supply: Supply, layer_path: str, real_driver: str | None, runtime_dir: str) -> str:
+    """Installs and loads the overlay; from then on dlopen("libcuda.so.1") gives it. Returns its path."""
+    path = overlay.install(supply.groups, layer_path, runtime_dir)
+    _configure(ctypes.CDLL(path, mode=os.RTLD_NOW), real_driver)
+    return path
 
 
 def block_import(module: str) -> bool:
@@ -42,14 +48,29 @@ def block_import(module: str) -> bool:
     return True
 
 
-def apply(decision: Decision) -> Outcome:
-    done, failed = [], []
-    for supply in decision.supplies:
+def _supply(supply: Supply, decision: Decision, runtime_dir: str, done: list[str], failed: list[str]) -> None:
+    if supply.library == "overlay":
         try:
-            load_shim(supply.library, decision.real_driver)
-            done.append(f"loaded {SHIM_FILES[supply.library]} ({', '.join(supply.symbols)}; {supply.how})")
-        except (OSError, AttributeError) as error:
-            failed.append(f"could not load {shim_path(supply.library)}: {error}")
+            path = load_overlay(supply, decision.layer_path or "", decision.real_driver, runtime_dir)
+            done.append(f"loaded the overlay {path} ({', '.join(sorted(supply.groups))})")
+            return
+        except (OSError, AttributeError, overlay.OverlayError) as error:
+            failed.append(f"could not load the overlay: {error}; falling back to the shims")
+        for library in supply.fallback:
+            _supply(Supply(library, (), ""), decision, runtime_dir, done, failed)
+        return
+    try:
+        load_shim(supply.library, decision.real_driver)
+        done.append(f"loaded {SHIM_FILES[supply.library]}")
+    except (OSError, AttributeError) as error:
+        failed.append(f"could not load {shim_path(supply.library)}: {error}")
+
+
+def apply(decision: Decision, runtime_dir: str) -> Outcome:
+    done: list[str] = []
+    failed: list[str] = []
+    for supply in decision.supplies:
+        _supply(supply, decision, runtime_dir, done, failed)
     routing = decision.routing
     if routing is not None:
         for variable, value in routing.env.items():
@@ -59,7 +80,5 @@ def apply(decision: Decision) -> Outcome:
             if block_import(module):
                 done.append(f"kept {module} from importing")
             else:
-                failed.append(
-                    f"{module} was imported before the guard ran: FlashAttention-3 stays selectable"
-                )
+                failed.append(f"{module} was imported before the guard ran: it stays selectable")
     return Outcome(tuple(done), tuple(failed))

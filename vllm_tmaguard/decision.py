@@ -21,13 +21,21 @@ _FEATURE_OF_MODULE = {
     "vllm.cumem_allocator": "sleep mode and the CuMem allocator (--enable-sleep-mode)",
     "vllm._flashmla_C": "FlashMLA attention",
 }
+# Entry points looked up in libcuda.so.1's own handle, which an RTLD_GLOBAL shim cannot answer.
+HANDLE_SCOPED = {
+    PROC_ADDRESS_V2: "CUDA runtime 12+ (torch) looks it up in libcuda.so.1's handle",
+    LAUNCH_EX: "Triton looks it up in libcuda.so.1's handle",
+}
+OVERLAY_GROUPS = {"encoders": ENCODERS, "proc-address": (PROC_ADDRESS_V2,), "launch-ex": (LAUNCH_EX,)}
 
 
 @dataclass(frozen=True)
 class Supply:
-    library: str  # "encoders" or "proc-address": which of the package's shim libraries
+    library: str  # "overlay", or a shim library: "encoders", "proc-address"
     symbols: tuple[str, ...]  # the names it exports
     how: str  # how the calls reach a real implementation
+    groups: frozenset[str] = frozenset()  # overlay: the feature groups of its variant
+    fallback: tuple[str, ...] = ()  # overlay: shim libraries to load if the overlay cannot be loaded
 
 
 @dataclass(frozen=True)
@@ -43,6 +51,7 @@ class Decision:
     apply: bool  # False in validate mode: say what would be done, do nothing
     supplies: tuple[Supply, ...] = ()
     real_driver: str | None = None
+    layer_path: str | None = None  # the file answering libcuda.so.1 (the overlay depends on it)
     unfixed: tuple[str, ...] = ()  # problems the guard cannot fix, each with its consequence
     tma: TmaVerdict | None = None
     routing: Routing | None = None
@@ -64,7 +73,7 @@ def _encoder(facts: Facts, forwarded: bool) -> tuple[bool, str]:
     if facts.driver.exports(ENCODERS[0]):
         return True, f"{os.path.basename(facts.driver.path or '')} exports {ENCODERS[0]}"
     if forwarded:
-        return True, f"{ENCODERS[0]} forwarded by the shim to the real driver {facts.driver.real_driver}"
+        return True, f"{ENCODERS[0]} forwarded by the guard to the real driver {facts.driver.real_driver}"
     remote = [layer.name for layer in facts.layers if not layer.forwards_to_local_driver]
     if remote:
         return False, f"{remote[0]}: no local driver to forward {ENCODERS[0]} to"
@@ -84,12 +93,16 @@ def _tma_verdict(facts: Facts, encoder: tuple[bool, str]) -> TmaVerdict:
     return TmaVerdict(encoder[0], encoder[1])
 
 
-def _supplies(facts: Facts, missing: dict[str, tuple[str, ...]]) -> list[Supply]:
+def _encoder_route(facts: Facts) -> str:
+    real = facts.driver.real_driver
+    return "through the layer's cuGetProcAddress" + (f", else the real driver {real}" if real else "")
+
+
+def _shims(facts: Facts, missing: dict[str, tuple[str, ...]]) -> list[Supply]:
+    """RTLD_GLOBAL shims for what vLLM's extensions link against and the layer lacks."""
     supplies = []
     if any(symbol in missing for symbol in ENCODERS):
-        real = facts.driver.real_driver
-        how = "through the layer's cuGetProcAddress" + (f", else the real driver {real}" if real else "")
-        supplies.append(Supply("encoders", ENCODERS, how))
+        supplies.append(Supply("encoders", ENCODERS, _encoder_route(facts)))
     if PROC_ADDRESS_V2 in missing:
         supplies.append(
             Supply(
@@ -101,7 +114,48 @@ def _supplies(facts: Facts, missing: dict[str, tuple[str, ...]]) -> list[Supply]
     return supplies
 
 
-def _routing(facts: Facts, toggles: Toggles, encoder: tuple[bool, str], tma: TmaVerdict) -> Routing:
+def overlay_groups(facts: Facts) -> frozenset[str]:
+    """The overlay's feature groups this layer needs: each group the layer's libcuda.so.1 lacks."""
+    return frozenset(group for group, names in OVERLAY_GROUPS.items() if not facts.driver.exports(names[0]))
+
+
+def _overlay_blocker(facts: Facts, toggles: Toggles) -> str | None:
+    """Why the overlay cannot become this process's libcuda.so.1, or None if it can."""
+    if toggles.overlay == "off":
+        return "TMAGUARD_OVERLAY=off"
+    if facts.driver.resolution.how == "mapped":
+        return f"libcuda.so.1 ({facts.driver.path}) was already loaded when the guard ran"
+    return None
+
+
+def _supplies(
+    facts: Facts, toggles: Toggles, missing: dict[str, tuple[str, ...]]
+) -> tuple[list[Supply], list[str]]:
+    """What to load, and what stays broken (handle-scoped gaps when the overlay cannot be used)."""
+    shims = _shims(facts, missing)
+    groups = overlay_groups(facts)
+    if not groups:
+        return shims, []
+    blocker = _overlay_blocker(facts, toggles)
+    if blocker is None:
+        symbols = tuple(s for group, names in OVERLAY_GROUPS.items() if group in groups for s in names)
+        how = (
+            f"overlay libcuda.so.1 in front of {facts.driver.path}; encoders {_encoder_route(facts)}; "
+            "cuLaunchKernelEx through the layer's metered cuLaunchKernel where its attributes allow"
+        )
+        return [Supply("overlay", symbols, how, groups, tuple(s.library for s in shims))], []
+    broken = [
+        f"{symbol} is missing from libcuda.so.1's own handle: {why}, and a global shim cannot answer "
+        f"that ({blocker}); fix it from the manifest: see `tmaguard env`"
+        for symbol, why in HANDLE_SCOPED.items()
+        if not facts.driver.exports(symbol)
+    ]
+    return shims, broken
+
+
+def _routing(
+    facts: Facts, toggles: Toggles, encoder: tuple[bool, str], tma: TmaVerdict, launch_ex: bool
+) -> Routing:
     table, note = table_for(facts.vllm.version)
     return route(
         RoutingInputs(
@@ -113,7 +167,7 @@ def _routing(facts: Facts, toggles: Toggles, encoder: tuple[bool, str], tma: Tma
             encoder_reason=encoder[1],
             tma_usable=tma.usable,
             tma_reason=tma.reason,
-            launch_ex=facts.driver.exports(LAUNCH_EX),
+            launch_ex=launch_ex,
             gemm=toggles.gemm,
             listed=facts.kernels_listed,
             environ=facts.environ,
@@ -144,9 +198,8 @@ def decide(facts: Facts, toggles: Toggles) -> Decision:
     missing = {
         symbol: modules for symbol, modules in facts.vllm.needs().items() if not driver.exports(symbol)
     }
-    supplies = _supplies(facts, missing)
+    supplies, unfixed = _supplies(facts, toggles, missing)
     supplied = {symbol for supply in supplies for symbol in supply.symbols}
-    unfixed = []
     for symbol, modules in missing.items():
         if symbol not in supplied:
             features = sorted({_FEATURE_OF_MODULE.get(m, m) for m in modules})
@@ -155,16 +208,22 @@ def decide(facts: Facts, toggles: Toggles) -> Decision:
                 "(not supplied: forwarding it around the layer would bypass its quota)"
             )
 
-    forwarded = driver.real_driver is not None and any(s.library == "encoders" for s in supplies)
+    forwarded = driver.real_driver is not None and ENCODERS[0] in supplied
     encoder = _encoder(facts, forwarded)
     tma = _tma_verdict(facts, encoder)
-    routing = _routing(facts, toggles, encoder, tma)
+    routing = _routing(facts, toggles, encoder, tma, driver.exports(LAUNCH_EX) or LAUNCH_EX in supplied)
 
     layer = facts.layers[0].name if facts.layers else "no sharing layer"
-    if supplies:
-        names = ", ".join(s for supply in supplies for s in supply.symbols if s in missing)
-        summary = f"{layer}: libcuda.so.1 lacks {names}; {'supplying' if apply else 'would supply'} them"
+    lacking = list(dict.fromkeys([*missing, *(OVERLAY_GROUPS[g][0] for g in sorted(overlay_groups(facts)))]))
+    if lacking:
+        verb = "supplying" if apply else "would supply"
+        via = " with the overlay" if supplies and supplies[0].library == "overlay" else ""
+        summary = (
+            f"{layer}: libcuda.so.1 lacks {', '.join(lacking)}; {verb} {'them' if supplies else 'none'}{via}"
+        )
     else:
         summary = f"{layer}: libcuda.so.1 has every entry point vLLM needs; nothing to load"
     level = "warning" if unfixed or routing.overrides or routing.hints or routing.error else "info"
-    return Decision(level, summary, apply, tuple(supplies), driver.real_driver, tuple(unfixed), tma, routing)
+    return Decision(
+        level, summary, apply, tuple(supplies), driver.real_driver, driver.path, tuple(unfixed), tma, routing
+    )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .elf import ElfError, ElfInfo, read_elf
 from .gpu import GpuFacts, probe_gpus
@@ -15,6 +15,7 @@ from .loader import LibraryResolution, read_self_maps, resolve_library
 from .routing_table import table_for
 from .vllm_probe import DRIVER_LIBRARY, VllmFacts, names_listed, probe_vllm
 
+OVERLAY_MARKER = "tmaguard_shim_source"  # exported by every shim and overlay of this package
 _DRIVER_FILE = re.compile(r"^libcuda\.so\.(\d+(?:\.\d+)+)$")
 
 
@@ -24,6 +25,7 @@ class DriverFacts:
     info: ElfInfo | None  # SONAME, NEEDED and exported cu* names of the file that answers libcuda.so.1
     error: str | None = None  # why that file could not be read
     real_driver: str | None = None  # a real NVIDIA driver file behind a layer, exporting the encoders
+    overlay_of: str | None = None  # libcuda.so.1 is this package's overlay in front of this layer file
 
     @property
     def path(self) -> str | None:
@@ -80,11 +82,22 @@ def probe_driver(environ: Mapping[str, str], root: str, driver_version: str | No
     if resolution.path is None:
         return DriverFacts(resolution, None)
     try:
-        info = read_elf(resolution.path, prefixes=(b"cu", b"g_vcuda"))
+        info = read_elf(resolution.path, prefixes=(b"cu", b"g_vcuda", OVERLAY_MARKER.encode()))
+        overlay_of = _overlaid_layer(info)
+        if overlay_of is not None:
+            layer = read_elf(overlay_of, prefixes=(b"cu", b"g_vcuda"))
+            info = replace(layer, defined=layer.defined | info.defined - {OVERLAY_MARKER})
     except ElfError as error:
         return DriverFacts(resolution, None, error=error.why)
     real = None if ENCODERS[0] in info.defined else find_real_driver(info, driver_version)
-    return DriverFacts(resolution, info, real_driver=real)
+    return DriverFacts(resolution, info, real_driver=real, overlay_of=overlay_of)
+
+
+def _overlaid_layer(info: ElfInfo) -> str | None:
+    """The layer file behind this package's overlay (installed by `tmaguard env`), if `info` is one."""
+    if OVERLAY_MARKER not in info.defined:
+        return None
+    return next((needed for needed in info.needed if needed.startswith("/")), None)
 
 
 def probe(

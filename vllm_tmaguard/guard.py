@@ -56,7 +56,7 @@ def _run(trigger: str) -> dict[str, Any] | None:
     try:
         facts = probe(environ, toggles.root, trigger)
         decision = decide(facts, toggles)
-        outcome = apply(decision) if decision.apply else Outcome()
+        outcome = apply(decision, toggles.record_dir) if decision.apply else Outcome()
         record = build_record(facts, decision, outcome, toggles.mode, (time.perf_counter() - started) * 1e3)
         level = "warning" if outcome.failed else decision.level
         emit(record, level, toggles.log_format)

@@ -13,7 +13,7 @@ from typing import Any
 
 from . import __version__
 from .actions import Outcome
-from .decision import Decision
+from .decision import HANDLE_SCOPED, Decision
 from .facts import Facts
 from .routing import Routing
 
@@ -58,6 +58,7 @@ def build_record(
             "soname": driver.info.soname if driver.info else None,
             "mapped": list(driver.resolution.mapped),
             "real_driver": driver.real_driver,
+            "overlay_of": driver.overlay_of,
             "error": driver.error,
         },
         "vllm": {
@@ -67,7 +68,10 @@ def build_record(
         },
         "missing": missing,
         "supplied": {
-            s: supply.library for supply in decision.supplies for s in supply.symbols if s in missing
+            s: supply.library
+            for supply in decision.supplies
+            for s in supply.symbols
+            if s in missing or s in HANDLE_SCOPED
         },
         "tma": None
         if decision.tma is None
@@ -96,11 +100,15 @@ def _routing_record(routing: Routing | None) -> dict[str, Any] | None:
 
 
 def _would(decision: Decision) -> list[str]:
-    would = [f"would load the {s.library} shim" for s in decision.supplies]
+    would = [f"would load the {_library_name(s.library)}" for s in decision.supplies]
     if decision.routing:
         would += [f"would set {k}={v}" for k, v in decision.routing.env.items()]
         would += [f"would keep {m} from importing" for m in decision.routing.block_modules]
     return would
+
+
+def _library_name(library: str) -> str:
+    return library if library == "overlay" else f"{library} shim"
 
 
 def render_text(record: dict[str, Any]) -> str:
@@ -116,7 +124,7 @@ def render_text(record: dict[str, Any]) -> str:
         parts.append(f"layer {layer['name']} ({'; '.join(layer['evidence'])})")
     if record["libcuda"]["path"]:
         parts.append(f"libcuda.so.1 = {record['libcuda']['path']} ({record['libcuda']['how']})")
-    parts += [f"{s} <- {library} shim" for s, library in record["supplied"].items()]
+    parts += [f"{s} <- {_library_name(library)}" for s, library in record["supplied"].items()]
     parts += record["actions"] + [f"FAILED: {f}" for f in record["failed"]]
     if record["tma"]:
         parts.append(f"TMA {'usable' if record['tma']['usable'] else 'unusable'}: {record['tma']['reason']}")

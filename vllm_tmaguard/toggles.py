@@ -40,6 +40,13 @@ TOGGLES: tuple[ToggleSpec, ...] = (
         "everywhere; latency: Marlin for W4A16/W8A16 on sm_90 (faster at 1-16 tokens per step)",
     ),
     ToggleSpec(
+        "TMAGUARD_OVERLAY",
+        ("auto", "off"),
+        "auto",
+        "auto: when the layer lacks entry points that CUDA runtime 12+ or Triton look up in libcuda.so.1's "
+        "own handle, load the overlay libcuda.so.1 (layer + what it lacks); off: RTLD_GLOBAL shims only",
+    ),
+    ToggleSpec(
         "TMAGUARD_LOG_FORMAT",
         ("text", "json"),
         "text",
@@ -78,6 +85,7 @@ class Toggles:
     mode: str = "auto"
     strict: bool = False
     gemm: str = "auto"
+    overlay: str = "auto"
     log_format: str = "text"
     root: str = "/"
     record_dir: str = ""
@@ -115,6 +123,7 @@ def parse_toggles(environ: Mapping[str, str]) -> Toggles:
         mode=_choice(environ, "TMAGUARD_MODE"),
         strict=_choice(environ, "TMAGUARD_STRICT") == "1",
         gemm=_choice(environ, "TMAGUARD_GEMM"),
+        overlay=_choice(environ, "TMAGUARD_OVERLAY"),
         log_format=_choice(environ, "TMAGUARD_LOG_FORMAT"),
         root=_directory(environ, "TMAGUARD_ROOT", "/", must_exist=True),
         record_dir=_directory(environ, "TMAGUARD_RECORD_DIR", default_record_dir(), must_exist=False),

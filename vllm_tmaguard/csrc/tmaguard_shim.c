@@ -1,15 +1,22 @@
 /*
- * Entry points a GPU-sharing layer's libcuda.so.1 lacks, forwarded to a real implementation.
+ * Driver entry points a GPU-sharing layer's libcuda.so.1 lacks, forwarded to real implementations.
  *
- * Compiled twice (see setup.py): with -DTMAGUARD_ENCODERS it exports the four tensor-map encoders, with
- * -DTMAGUARD_PROC_ADDRESS_V2 it exports cuGetProcAddress_v2. The guard loads only the library whose names
- * the layer lacks, RTLD_GLOBAL, before vLLM's first extension import, so that nothing the layer exports is
- * shadowed (a global-scope object loaded first wins every look-up of its names).
+ * Feature groups (any combination, chosen at build time; see setup.py):
+ *   TMAGUARD_ENCODERS         the four tensor-map encoders
+ *   TMAGUARD_PROC_ADDRESS_V2  cuGetProcAddress_v2, built on the layer's own look-ups
+ *   TMAGUARD_LAUNCH_EX        cuLaunchKernelEx, translated to the layer's metered cuLaunchKernel
+ * Two ways to be loaded:
+ *   shim     (default): loaded RTLD_GLOBAL before vLLM's first extension import; the layer is whatever
+ *            answers dlopen("libcuda.so.1") once something loads it.
+ *   overlay  (TMAGUARD_OVERLAY): SONAME libcuda.so.1, DT_NEEDED on the layer's file by absolute path (a
+ *            placeholder the guard patches at run time), loaded before anything else loads libcuda.so.1,
+ *            so handle-scoped look-ups (cudart, Triton) find the layer's functions and these.
+ * Only the groups the layer lacks are built into the library the guard loads, so no name the layer exports
+ * is shadowed (DESIGN.md §2.5).
  *
- * Resolution happens once, on the first call, under a lock (CUDA is initialised by then; at load time the
- * layer may not even be mapped). Order (DESIGN.md §2.3, §2.4): the already-loaded layer's
- * cuGetProcAddress_v2, then its v1 cuGetProcAddress, then the real driver file, opened only while the
- * layer's libcuda.so.1 is mapped (RTLD_NOLOAD first). After that each call is one load and one indirect jump.
+ * Resolution happens once, on first use, under a lock: CUDA is initialised by then. Order (DESIGN.md §2.3,
+ * §2.4): the layer's cuGetProcAddress_v2, its v1 cuGetProcAddress, then the real driver file, opened only
+ * while the layer is mapped (RTLD_NOLOAD first). After that each encoder call is one load and one jump.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -26,6 +33,7 @@ typedef uint32_t cuuint32_t;
 
 enum {
     CUDA_SUCCESS = 0,
+    CUDA_ERROR_INVALID_VALUE = 1,
     CUDA_ERROR_NOT_INITIALIZED = 3,
     CUDA_ERROR_NOT_FOUND = 500,
     CUDA_ERROR_NOT_SUPPORTED = 801,
@@ -51,29 +59,28 @@ static char real_driver_path[4096];
 
 EXPORT void tmaguard_shim_set_real_driver(const char *path) {
     pthread_mutex_lock(&resolve_lock);
-    if (path == NULL) {
-        real_driver_path[0] = '\0';
-    } else {
-        strncpy(real_driver_path, path, sizeof real_driver_path - 1);
-        real_driver_path[sizeof real_driver_path - 1] = '\0';
-    }
+    strncpy(real_driver_path, path ? path : "", sizeof real_driver_path - 1);
+    real_driver_path[sizeof real_driver_path - 1] = '\0';
     pthread_mutex_unlock(&resolve_lock);
 }
 
-static int is_own_address(const void *fn);
+#ifdef TMAGUARD_OVERLAY
+/* Patched by the guard with the layer's absolute path, as is the identical DT_NEEDED string (setup.py). */
+static const char layer_path[] = TMAGUARD_LAYER_PLACEHOLDER;
 
+static void *layer_handle(void) { return dlopen(layer_path, RTLD_NOW | RTLD_NOLOAD); }
+#else
 /* The layer's libcuda.so.1, only if something already loaded it; never loads it (DESIGN.md §2.4). */
-static void *mapped_layer(void) {
-    return dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-}
+static void *layer_handle(void) { return dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD); }
+#endif
+
+static int is_own_address(const void *fn);
 
 #define LOAD(slot) __atomic_load_n(&(slot), __ATOMIC_ACQUIRE)
 #define STORE(slot, value) __atomic_store_n(&(slot), (value), __ATOMIC_RELEASE)
 
-#ifdef TMAGUARD_ENCODERS
-
 /* Looks one driver entry point up through the layer, then the real driver file. Caller holds the lock. */
-static void *find_real(void *layer, const char *name, int min_cuda_version, int *source) {
+__attribute__((unused)) static void *find_real(void *layer, const char *name, int min_cuda_version, int *source) {
     void *fn = NULL;
     int status = PROC_ADDRESS_SYMBOL_NOT_FOUND;
 
@@ -107,6 +114,9 @@ static void *find_real(void *layer, const char *name, int min_cuda_version, int 
     return NULL;
 }
 
+/* ------------------------------------------------------------------------------------------------ */
+#ifdef TMAGUARD_ENCODERS
+
 typedef CUresult (*encode_tiled_fn)(void *, int, cuuint32_t, void *, const cuuint64_t *,
                                     const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, int,
                                     int, int, int);
@@ -138,8 +148,8 @@ typedef CUresult (*replace_address_fn)(void *, void *);
 #define REPLACE_PARAMS void *map, void *addr
 #define REPLACE_ARGS map, addr
 
-/* One X-macro row per encoder: name, function type, parameter list, argument list, CUDA version
-   that introduced it (asked of cuGetProcAddress). */
+/* One X-macro row per encoder: name, function type, parameters, arguments, and the CUDA version that
+   introduced it (asked of cuGetProcAddress). */
 #define ENCODERS(X)                                                                               \
     X(cuTensorMapEncodeTiled, encode_tiled_fn, TILED_PARAMS, TILED_ARGS, 12000)                   \
     X(cuTensorMapEncodeIm2col, encode_im2col_fn, IM2COL_PARAMS, IM2COL_ARGS, 12000)               \
@@ -175,7 +185,7 @@ ENCODERS(DECLARE)
             "\tadrp x16, slot_" #name "\n\tldr x16, [x16, #:lo12:slot_" #name "]\n\tbr x16\n"   \
             ".size " #name ", .-" #name "\n");
 #else
-#error "tmaguard shim: only x86-64 and aarch64 are supported"
+#error "tmaguard: only x86-64 and aarch64 are supported"
 #endif
 ENCODERS(TRAMPOLINE)
 
@@ -183,7 +193,7 @@ static int resolve_encoders(void) {
     int ready = 1;
     pthread_mutex_lock(&resolve_lock);
     if (source_cuTensorMapEncodeTiled == SOURCE_UNRESOLVED) {
-        void *layer = mapped_layer();
+        void *layer = layer_handle();
         if (layer == NULL) {
             ready = 0; /* no driver yet: no context can exist, try again on the next call */
         } else {
@@ -211,47 +221,168 @@ static int resolve_encoders(void) {
 ENCODERS(DEFINE)
 #pragma GCC diagnostic pop
 
-EXPORT int tmaguard_shim_source(const char *name) {
-    pthread_mutex_lock(&resolve_lock);
-    int source = SOURCE_NONE;
-#define SOURCE_OF(n, type, params, args, version)                                                \
-    if (strcmp(name, #n) == 0) source = source_##n;
-    ENCODERS(SOURCE_OF)
-    pthread_mutex_unlock(&resolve_lock);
-    return source;
-}
-
-static int is_own_address(const void *fn) {
-#define IS_OWN(name, type, params, args, version)                                                \
-    if (fn == (const void *)tmaguard_own_##name || fn == (const void *)resolve_##name ||                         \
-        fn == (const void *)unsupported_##name)                                                   \
-        return 1;
-    ENCODERS(IS_OWN)
-    return 0;
-}
-
 #endif /* TMAGUARD_ENCODERS */
+
+/* ------------------------------------------------------------------------------------------------ */
+#ifdef TMAGUARD_LAUNCH_EX
+
+/* CUlaunchConfig and CUlaunchAttribute as in cuda.h (CUDA 12+). */
+typedef struct {
+    int id;
+    char pad[8 - sizeof(int)];
+    union {
+        char raw[64];
+        int integer;
+        struct {
+            unsigned x, y, z;
+        } cluster;
+    } value;
+} launch_attribute;
+
+typedef struct {
+    unsigned grid_x, grid_y, grid_z, block_x, block_y, block_z, shared_bytes;
+    void *stream;
+    launch_attribute *attrs;
+    unsigned num_attrs;
+} launch_config;
+
+enum {
+    ATTR_IGNORE = 0,
+    ATTR_COOPERATIVE = 2,
+    ATTR_CLUSTER_DIMENSION = 4,
+    ATTR_CLUSTER_SCHEDULING_POLICY = 5,
+    ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6,
+};
+
+typedef CUresult (*launch_fn)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                              unsigned, void *, void **, void **);
+typedef CUresult (*cooperative_fn)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                   unsigned, void *, void **);
+typedef CUresult (*launch_ex_fn)(const launch_config *, void *, void **, void **);
+
+static launch_fn layer_launch;
+static cooperative_fn layer_cooperative;
+static launch_ex_fn real_launch_ex;
+static int launch_source = SOURCE_UNRESOLVED;
+static long long launch_counts[3]; /* metered via cuLaunchKernel, via the cooperative call, unmetered */
+
+/* Which call expresses this launch: 0 plain, 1 cooperative, 2 only the Ex call (attributes that
+   cuLaunchKernel cannot carry). */
+static int classify(const launch_config *config) {
+    int cooperative = 0;
+    for (unsigned i = 0; i < config->num_attrs; i++) {
+        const launch_attribute *attr = &config->attrs[i];
+        switch (attr->id) {
+        case ATTR_IGNORE:
+            break;
+        case ATTR_COOPERATIVE:
+            cooperative = attr->value.integer != 0;
+            break;
+        case ATTR_CLUSTER_DIMENSION:
+            if (attr->value.cluster.x > 1 || attr->value.cluster.y > 1 || attr->value.cluster.z > 1)
+                return 2;
+            break;
+        case ATTR_CLUSTER_SCHEDULING_POLICY:
+        case ATTR_PROGRAMMATIC_STREAM_SERIALIZATION:
+            if (attr->value.integer != 0) return 2;
+            break;
+        default:
+            return 2;
+        }
+    }
+    return cooperative;
+}
+
+EXPORT CUresult cuLaunchKernelEx(const launch_config *config, void *function, void **params,
+                                 void **extra) {
+    if (config == NULL || (config->num_attrs > 0 && config->attrs == NULL))
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&resolve_lock);
+    if (launch_source == SOURCE_UNRESOLVED) {
+        void *layer = layer_handle();
+        if (layer != NULL) {
+            layer_launch = (launch_fn)dlsym(layer, "cuLaunchKernel");
+            layer_cooperative = (cooperative_fn)dlsym(layer, "cuLaunchCooperativeKernel");
+            real_launch_ex = (launch_ex_fn)find_real(layer, "cuLaunchKernelEx", 11060, &launch_source);
+            if (launch_source == SOURCE_NONE && layer_launch) launch_source = SOURCE_LAYER_SYMBOL;
+            dlclose(layer);
+        }
+    }
+    pthread_mutex_unlock(&resolve_lock);
+
+    int kind = classify(config);
+    if (kind == 1 && (layer_cooperative == NULL || extra != NULL)) kind = 2;
+    if (kind == 0 && layer_launch == NULL) kind = 2;
+    __atomic_fetch_add(&launch_counts[kind], 1, __ATOMIC_RELAXED);
+    switch (kind) {
+    case 0:
+        return layer_launch(function, config->grid_x, config->grid_y, config->grid_z, config->block_x,
+                            config->block_y, config->block_z, config->shared_bytes, config->stream,
+                            params, extra);
+    case 1:
+        return layer_cooperative(function, config->grid_x, config->grid_y, config->grid_z,
+                                 config->block_x, config->block_y, config->block_z,
+                                 config->shared_bytes, config->stream, params);
+    default:
+        return real_launch_ex ? real_launch_ex(config, function, params, extra)
+                              : CUDA_ERROR_NOT_SUPPORTED;
+    }
+}
+
+/* Launches so far: through the layer's cuLaunchKernel, its cooperative launch, and unmetered (forwarded
+   to the real driver's cuLaunchKernelEx because cuLaunchKernel cannot carry their attributes). */
+EXPORT void tmaguard_launch_counts(long long out[3]) {
+    for (int i = 0; i < 3; i++) out[i] = __atomic_load_n(&launch_counts[i], __ATOMIC_RELAXED);
+}
+
+#endif /* TMAGUARD_LAUNCH_EX */
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Names this library supplies, for cuGetProcAddress_v2 and tmaguard_shim_source. */
+__attribute__((unused)) static void *own_symbol(const char *name) {
+#ifdef TMAGUARD_ENCODERS
+#define OWN_ENCODER(n, type, params, args, version)                                              \
+    if (strcmp(name, #n) == 0) return (void *)tmaguard_own_##n;
+    ENCODERS(OWN_ENCODER)
+#endif
+#ifdef TMAGUARD_LAUNCH_EX
+    if (strcmp(name, "cuLaunchKernelEx") == 0) return (void *)cuLaunchKernelEx;
+#endif
+    (void)name;
+    return NULL;
+}
 
 #ifdef TMAGUARD_PROC_ADDRESS_V2
 
 static int proc_address_source = SOURCE_UNRESOLVED;
-static void *layer_handle; /* kept open: libcuda.so.1 is never unloaded anyway */
+static void *proc_address_layer; /* kept open: libcuda.so.1 is never unloaded anyway */
 static proc_address_v2_fn layer_v2;
 static proc_address_v1_fn layer_v1;
 
+EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cuda_version,
+                                    cuuint64_t flags, int *status);
+
 /*
  * CUDA 12+'s entry-point look-up, built on the layer's own look-ups so that every name the layer hooks
- * keeps its hook: the layer's v2 when it has one, else its v1 (the status is derived from the pointer),
- * else a plain dlsym in the layer's handle.
+ * keeps its hook: the names this library supplies first (so cudart and Triton get them too), then the
+ * layer's v2 when it has one, else its v1 (the status is derived from the pointer), else a plain dlsym.
  */
 EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cuda_version,
                                     cuuint64_t flags, int *status) {
-    if (pfn == NULL || symbol == NULL) return 1; /* CUDA_ERROR_INVALID_VALUE */
+    if (pfn == NULL || symbol == NULL) return CUDA_ERROR_INVALID_VALUE;
+    void *own = own_symbol(symbol);
+    if (own == NULL && strcmp(symbol, "cuGetProcAddress") == 0 && cuda_version >= 12000)
+        own = (void *)cuGetProcAddress_v2; /* what the real driver answers from CUDA 12.0 on */
+    if (own != NULL) {
+        *pfn = own;
+        if (status != NULL) *status = PROC_ADDRESS_SUCCESS;
+        return CUDA_SUCCESS;
+    }
     pthread_mutex_lock(&resolve_lock);
-    if (proc_address_source == SOURCE_UNRESOLVED && (layer_handle = mapped_layer()) != NULL) {
-        layer_v2 = (proc_address_v2_fn)dlsym(layer_handle, "cuGetProcAddress_v2");
+    if (proc_address_source == SOURCE_UNRESOLVED && (proc_address_layer = layer_handle()) != NULL) {
+        layer_v2 = (proc_address_v2_fn)dlsym(proc_address_layer, "cuGetProcAddress_v2");
         if (is_own_address((void *)layer_v2)) layer_v2 = NULL;
-        layer_v1 = (proc_address_v1_fn)dlsym(layer_handle, "cuGetProcAddress");
+        layer_v1 = (proc_address_v1_fn)dlsym(proc_address_layer, "cuGetProcAddress");
         proc_address_source = layer_v2   ? SOURCE_LAYER_PROC_ADDRESS_V2
                               : layer_v1 ? SOURCE_LAYER_PROC_ADDRESS
                                          : SOURCE_LAYER_SYMBOL;
@@ -268,7 +399,7 @@ EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cuda_ver
         result = layer_v1(symbol, pfn, cuda_version, flags);
         break;
     case SOURCE_LAYER_SYMBOL:
-        *pfn = dlsym(layer_handle, symbol);
+        *pfn = dlsym(proc_address_layer, symbol);
         result = *pfn ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
         break;
     default:
@@ -278,14 +409,41 @@ EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cuda_ver
     return result;
 }
 
+#endif /* TMAGUARD_PROC_ADDRESS_V2 */
+
+/* Where `name` was resolved from (SOURCE_*); SOURCE_NONE for a name this library does not supply. */
 EXPORT int tmaguard_shim_source(const char *name) {
-    if (strcmp(name, "cuGetProcAddress_v2") != 0) return SOURCE_NONE;
+    int source = SOURCE_NONE;
     pthread_mutex_lock(&resolve_lock);
-    int source = proc_address_source;
+#ifdef TMAGUARD_ENCODERS
+#define SOURCE_OF(n, type, params, args, version)                                                \
+    if (strcmp(name, #n) == 0) source = source_##n;
+    ENCODERS(SOURCE_OF)
+#endif
+#ifdef TMAGUARD_PROC_ADDRESS_V2
+    if (strcmp(name, "cuGetProcAddress_v2") == 0) source = proc_address_source;
+#endif
+#ifdef TMAGUARD_LAUNCH_EX
+    if (strcmp(name, "cuLaunchKernelEx") == 0) source = launch_source;
+#endif
     pthread_mutex_unlock(&resolve_lock);
     return source;
 }
 
-static int is_own_address(const void *fn) { return fn == (const void *)cuGetProcAddress_v2; }
-
-#endif /* TMAGUARD_PROC_ADDRESS_V2 */
+static int is_own_address(const void *fn) {
+    if (fn == NULL) return 0;
+#ifdef TMAGUARD_ENCODERS
+#define IS_OWN(name, type, params, args, version)                                                \
+    if (fn == (const void *)tmaguard_own_##name || fn == (const void *)resolve_##name ||          \
+        fn == (const void *)unsupported_##name)                                                   \
+        return 1;
+    ENCODERS(IS_OWN)
+#endif
+#ifdef TMAGUARD_PROC_ADDRESS_V2
+    if (fn == (const void *)cuGetProcAddress_v2) return 1;
+#endif
+#ifdef TMAGUARD_LAUNCH_EX
+    if (fn == (const void *)cuLaunchKernelEx) return 1;
+#endif
+    return 0;
+}

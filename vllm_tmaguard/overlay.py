@@ -1,0 +1,69 @@
+"""The overlay: a library with SONAME libcuda.so.1 that depends on the layer's own file and adds only the
+entry points the layer lacks. Loaded before anything else loads libcuda.so.1, it becomes the process's
+libcuda.so.1 (DESIGN.md §2.5), so handle-scoped look-ups (cudart's cuGetProcAddress_v2, Triton's
+cuLaunchKernelEx) find the layer's hooked functions and the added ones."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+
+from .libraries import overlay_path
+
+# Same constants as setup.py: the DT_NEEDED placeholder (also kept in .rodata) the layer's path replaces.
+PLACEHOLDER = b"/tmaguard-layer-placeholder/" + b"x" * 220
+
+
+class OverlayError(RuntimeError):
+    pass
+
+
+def overlay_image(groups: frozenset[str], layer_path: str) -> bytes:
+    """The overlay variant for `groups`, its placeholder replaced by the layer's absolute path."""
+    if not os.path.isabs(layer_path):
+        raise OverlayError(f"layer path {layer_path!r} is not absolute")
+    encoded = os.fsencode(layer_path)
+    if len(encoded) > len(PLACEHOLDER) or b"\0" in encoded:
+        raise OverlayError(f"layer path {layer_path!r} is longer than {len(PLACEHOLDER)} bytes")
+    with open(overlay_path(groups), "rb") as file:
+        image = file.read()
+    if image.count(PLACEHOLDER + b"\0") != 2:  # DT_NEEDED in .dynstr and the copy in .rodata
+        raise OverlayError(f"{overlay_path(groups)} does not carry the layer placeholder twice")
+    return image.replace(PLACEHOLDER + b"\0", encoded.ljust(len(PLACEHOLDER) + 1, b"\0"))
+
+
+def write_private(image: bytes, directory: str) -> str:
+    """Writes the image as <directory>/<hash>/libcuda.so.1 (directories 0700, content-addressed so that a
+    process's workers share one file), atomically. Returns its path."""
+    digest = hashlib.sha256(image).hexdigest()[:16]
+    target_dir = os.path.join(directory, f"overlay-{digest}")
+    os.makedirs(target_dir, mode=0o700, exist_ok=True)
+    path = os.path.join(target_dir, "libcuda.so.1")
+    if not os.path.exists(path):
+        fd, temporary = tempfile.mkstemp(dir=target_dir, prefix=".libcuda.")
+        with os.fdopen(fd, "wb") as file:
+            file.write(image)
+        os.chmod(temporary, 0o500)
+        os.replace(temporary, path)
+    return path
+
+
+_memfds: list[int] = []  # kept open for the process's lifetime: the loader maps the file through it
+
+
+def write_memfd(image: bytes) -> str:
+    """For a read-only file system: an anonymous in-memory file, opened through /proc/self/fd."""
+    fd = os.memfd_create("libcuda.so.1", 0)
+    os.write(fd, image)
+    _memfds.append(fd)
+    return f"/proc/self/fd/{fd}"
+
+
+def install(groups: frozenset[str], layer_path: str, directory: str) -> str:
+    """The overlay's file for this layer, in a private directory, else in memory."""
+    image = overlay_image(groups, layer_path)
+    try:
+        return write_private(image, directory)
+    except OSError:
+        return write_memfd(image)
