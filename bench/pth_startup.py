@@ -14,6 +14,8 @@ import sys
 import sysconfig
 import tempfile
 
+from _results import write_section
+
 RUNS = 40
 CHILD = """
 import site, sys, time
@@ -84,26 +86,6 @@ def main() -> None:
     ]
     print("\n".join(lines))
     write_section("docs/benchmarks.md", lines)
-
-
-def write_section(path: str, lines: list[str]) -> None:
-    """Replaces this benchmark's section (from its heading to the next '## ') in the results file."""
-    heading = lines[0]
-    try:
-        with open(path) as file:
-            text = file.read()
-    except FileNotFoundError:
-        text = "# Benchmarks\n\nEach section is written by the script it names, measured side by side.\n\n"
-    body = "\n".join(lines) + "\n"
-    if heading in text:
-        start = text.index(heading)
-        end = text.find("\n## ", start + len(heading))
-        text = text[:start] + body + (text[end + 1 :] if end >= 0 else "")
-    else:
-        text = text.rstrip() + "\n\n" + body
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as file:
-        file.write(text)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,11 @@
 """Run as a child process inside a pod: asks vLLM 0.32.0's real selectors which kernels they pick."""
 
+import importlib
 import json
+
+# vLLM first, as in a vLLM process: its import runs the guard, which must load the overlay before anything
+# maps libcuda.so.1 (importing torch does: it asks NVML, and nvmlInit loads libcuda.so.1).
+importlib.import_module("vllm")
 
 out = {}
 try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -185,3 +186,22 @@ def test_every_overlay_variant_needs_the_placeholder_and_is_named_libcuda() -> N
             "launch-ex": {"cuLaunchKernelEx"},
         }
         assert exported == set().union(*(expected[g] for g in variant)), (variant, exported)
+
+
+def test_env_command_prints_the_recipe_and_installs(pods, tmp_path) -> None:
+    pod = pods("vcuda")
+    env = {**pod.environ(), "TMAGUARD_RECORD_DIR": str(tmp_path / "records")}
+    tmaguard = [sys.executable, "-m", "vllm_tmaguard", "env"]
+    printed = subprocess.run(tmaguard, env=env, capture_output=True, text=True, check=True).stdout
+    assert "lacks cuTensorMapEncodeTiled, cuLaunchKernelEx, cuGetProcAddress_v2" in printed
+    assert printed.rstrip().endswith(f"export LD_LIBRARY_PATH=/opt/tmaguard:{pod.lib_dir}")
+    done = subprocess.run(
+        [*tmaguard, "--install-dir", str(tmp_path / "o")], env=env, capture_output=True, text=True, check=True
+    )
+    assert (
+        tmp_path / "o" / "libcuda.so.1"
+    ).exists() and f"installed {tmp_path}/o/libcuda.so.1" in done.stdout
+    bare = subprocess.run(
+        tmaguard, env={**pods("bare").environ()}, capture_output=True, text=True, check=True
+    )
+    assert "exports every entry point the overlay would add: nothing to do" in bare.stdout

@@ -35,12 +35,8 @@ def test_h100_with_forwarded_encoder_keeps_machete_and_fa3(pods, run_python) -> 
     assert result["fp8"] == "CutlassFP8ScaledMMLinearKernel"
     assert record["tma"]["usable"] is True
     assert families(record)["mixed-precision linear"] == "vLLM's choice: Machete (sm_90 TMA)"
-    # The layer lacks cuLaunchKernelEx, which Humming's launcher needs: only Humming is kept out.
-    assert result["env"]["VLLM_DISABLED_KERNELS"].split(",") == [
-        "HummingLinearKernel",
-        "HummingFP8ScaledMMLinearKernel",
-        "HummingInt8ScaledMMLinearKernel",
-    ]
+    # The overlay forwards the encoder and adds cuLaunchKernelEx (Humming's launcher needs it): no steering.
+    assert "VLLM_DISABLED_KERNELS" not in result["env"] and record["routing"]["env"] == {}
 
 
 def test_h100_without_reachable_encoder_routes_everything_off_tma(pods, run_python) -> None:
@@ -172,6 +168,15 @@ def test_unknown_gpu_and_no_encoder_routes_conservatively() -> None:
     routing = route(_inputs(capabilities=frozenset(), encoder_reachable=False, tma_usable=False))
     assert "MacheteLinearKernel" in routing.env["VLLM_DISABLED_KERNELS"]
     assert "vllm.vllm_flash_attn._vllm_fa3_C" in routing.block_modules
+
+
+def test_humming_is_disabled_where_cuLaunchKernelEx_is_missing() -> None:
+    routing = route(_inputs(launch_ex=False))
+    assert routing.env == {
+        "VLLM_DISABLED_KERNELS": ",".join(
+            ["HummingLinearKernel", "HummingFP8ScaledMMLinearKernel", "HummingInt8ScaledMMLinearKernel"]
+        )
+    }
 
 
 def test_old_vllm_flash_attn_env_is_overridden() -> None:

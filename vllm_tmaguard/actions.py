@@ -20,6 +20,9 @@ class Outcome:
     done: tuple[str, ...] = ()
     failed: tuple[str, ...] = ()
 
+    def __add__(self, other: Outcome) -> Outcome:
+        return Outcome(self.done + other.done, self.failed + other.failed)
+
 
 def _configure(library: ctypes.CDLL, real_driver: str | None) -> ctypes.CDLL:
     library.tmaguard_shim_set_real_driver.argtypes = [ctypes.c_char_p]
@@ -66,11 +69,19 @@ def _supply(supply: Supply, decision: Decision, runtime_dir: str, done: list[str
         failed.append(f"could not load {shim_path(supply.library)}: {error}")
 
 
-def apply(decision: Decision, runtime_dir: str) -> Outcome:
+def apply_supplies(decision: Decision, runtime_dir: str) -> Outcome:
+    """Loads the overlay or the shims. Must run before anything loads libcuda.so.1, NVML included."""
     done: list[str] = []
     failed: list[str] = []
     for supply in decision.supplies:
         _supply(supply, decision, runtime_dir, done, failed)
+    return Outcome(tuple(done), tuple(failed))
+
+
+def apply_routing(decision: Decision) -> Outcome:
+    """Sets vLLM's knobs and keeps TMA-only extensions from importing."""
+    done: list[str] = []
+    failed: list[str] = []
     routing = decision.routing
     if routing is not None:
         for variable, value in routing.env.items():

@@ -29,7 +29,7 @@ def check(as_json: bool = typer.Option(False, "--json", help="print the record a
     decision = decide(facts, toggles)
     record = build_record(facts, decision, Outcome(), "validate", 0.0)
     typer.echo(json.dumps(record, indent=1) if as_json else render_text(record))
-    raise typer.Exit(1 if decision.problem or decision.warnings else 0)
+    raise typer.Exit(1 if decision.problem or decision.fatal or decision.level == "warning" else 0)
 
 
 @app.command()
@@ -49,5 +49,44 @@ def record() -> None:
         raise typer.Exit(1) from None
 
 
+@app.command()
+def env(
+    install_dir: str = typer.Option(
+        "", "--install-dir", help="write the overlay there as libcuda.so.1 (once per container, before vLLM)"
+    ),
+) -> None:
+    """The manifest-level fix where the guard cannot load its overlay in-process (something loads
+    libcuda.so.1 first): the overlay installed once per container, its directory first on LD_LIBRARY_PATH."""
+    from .env_recipe import recipe
+    from .facts import probe
+    from .gpu import GpuFacts
+
+    try:
+        toggles = parse_toggles(os.environ)
+    except ToggleError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(2) from None
+    # No NVML: nvmlInit loads libcuda.so.1, and what the overlay adds depends only on the library's exports.
+    facts = probe(os.environ, toggles.root, "cli", gpu=GpuFacts(error="not asked", source="none"))
+    lines, code = recipe(facts, dict(os.environ), install_dir or None)
+    typer.echo("\n".join(lines))
+    raise typer.Exit(code)
+
+
+@app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},
+    add_help_option=False,
+)
+def doctor(ctx: typer.Context) -> None:
+    """Why vLLM fails (or would fail) on this pod, and the exact fix (`tmaguard doctor --help`)."""
+    from .doctor import main as doctor_main
+
+    raise typer.Exit(doctor_main(list(ctx.args)))
+
+
 def main() -> None:
     app()
+
+
+if __name__ == "__main__":
+    main()

@@ -91,9 +91,8 @@ def read_elf(path: str, prefixes: tuple[bytes, ...] | None = None, symbols: bool
         raise ElfError(path, f"malformed ELF ({error})") from error
 
 
-def _parse(
-    path: str, image: mmap.mmap, size: int, prefixes: tuple[bytes, ...] | None, symbols: bool
-) -> ElfInfo:
+def _section_table(path: str, image: mmap.mmap, size: int) -> tuple[_Layout, int, list[tuple], int]:
+    """The layout, machine, section headers and .shstrtab index of an ELF image (bounds-checked)."""
     if image[:4] != b"\x7fELF":
         raise ElfError(path, "not an ELF file (bad magic)")
     elf_class, data = image[4], image[5]
@@ -101,7 +100,7 @@ def _parse(
         raise ElfError(path, f"unknown ELF class/byte order ({elf_class}/{data})")
     layout = _layout(elf_class, "<" if data == 1 else ">")
     fields = layout.header.unpack_from(image, 16)
-    machine, shoff, shentsize, shnum = fields[1], fields[5], fields[10], fields[11]
+    machine, shoff, shentsize, shnum, shstrndx = fields[1], fields[5], fields[10], fields[11], fields[12]
     if shoff == 0 or shentsize < layout.section.size:
         raise ElfError(path, "no usable section header table")
     if shnum == 0:  # extended numbering: the real count is in section 0's sh_size
@@ -109,6 +108,37 @@ def _parse(
     if shnum > 65536 or shoff + shnum * shentsize > size:
         raise ElfError(path, "section header table runs past the end of the file")
     sections = [layout.section.unpack_from(image, shoff + i * shentsize) for i in range(shnum)]
+    return layout, machine, sections, shstrndx
+
+
+def section_extent(path: str, image: mmap.mmap, size: int, name: str) -> tuple[int, int] | None:
+    """(file offset, size) of the section called `name` in an mmap-ed ELF image, or None if it has none.
+
+    Raises ElfError like read_elf for a malformed file, and when the section runs past the end."""
+    try:
+        _, _, sections, shstrndx = _section_table(path, image, size)
+        if not 0 < shstrndx < len(sections):
+            raise ElfError(path, "no section name table")
+        names_at, names_size = sections[shstrndx][4], sections[shstrndx][5]
+        if names_at + names_size > size:
+            raise ElfError(path, "section name table runs past the end of the file")
+        names = image[names_at : names_at + names_size]
+        wanted = name.encode()
+        for section in sections:
+            if _string_at(names, section[0]).encode() == wanted:
+                offset, length = section[4], section[5]
+                if offset + length > size:
+                    raise ElfError(path, f"section {name} runs past the end of the file")
+                return offset, length
+        return None
+    except (struct.error, IndexError, OverflowError) as error:
+        raise ElfError(path, f"malformed ELF ({error})") from error
+
+
+def _parse(
+    path: str, image: mmap.mmap, size: int, prefixes: tuple[bytes, ...] | None, symbols: bool
+) -> ElfInfo:
+    layout, machine, sections, _ = _section_table(path, image, size)
 
     def section_bytes(index: int) -> bytes:
         if not 0 <= index < len(sections):

@@ -13,7 +13,8 @@ from .gpu import GpuFacts, probe_gpus
 from .layers import ENCODERS, Layer, detect_layers, gather_evidence
 from .loader import LibraryResolution, read_self_maps, resolve_library
 from .routing_table import table_for
-from .vllm_probe import DRIVER_LIBRARY, VllmFacts, names_listed, probe_vllm
+from .scan_cache import probe_vllm_cached
+from .vllm_probe import DRIVER_LIBRARY, VllmFacts, names_listed
 
 OVERLAY_MARKER = "tmaguard_shim_source"  # exported by every shim and overlay of this package
 _DRIVER_FILE = re.compile(r"^libcuda\.so\.(\d+(?:\.\d+)+)$")
@@ -106,13 +107,15 @@ def probe(
     trigger: str,
     gpu: GpuFacts | None = None,
     vllm_dir: str | None = None,
+    cache_dir: str | None = None,
 ) -> Facts:
     """One pass of the probes. `gpu`: NVML's answer gathered elsewhere (the doctor asks NVML in a child
-    process); `vllm_dir`: the vLLM package directory to read instead of the one on sys.path."""
+    process); `vllm_dir`: the vLLM package directory to read instead of the one on sys.path; `cache_dir`:
+    where the vLLM scan is cached across processes (the guard's private record directory)."""
     gpu = probe_gpus() if gpu is None else gpu
     driver = probe_driver(environ, root, gpu.driver_version)
     layers = detect_layers(gather_evidence(root, environ, driver.info))
-    vllm = probe_vllm(vllm_dir)
+    vllm = probe_vllm_cached(cache_dir, vllm_dir)
     listed = None
     if vllm.package_dir:
         table, _ = table_for(vllm.version)

@@ -6,11 +6,13 @@ from __future__ import annotations
 import os
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
-from .actions import Outcome, apply
+from .actions import Outcome, apply_routing, apply_supplies
 from .decision import decide
 from .facts import probe
+from .gpu import GpuFacts, probe_gpus
 from .record import build_record, emit, log_line, write_record
 from .toggles import ToggleError, parse_toggles, strict_requested
 
@@ -23,6 +25,7 @@ class GuardStop(SystemExit):
         super().__init__(f"vllm-tmaguard (TMAGUARD_STRICT=1) stopped start-up: {cause}. Fix: {fix}")
 
 
+GPU_NOT_ASKED_YET = GpuFacts(error="NVML not asked yet", source="deferred")
 _lock = threading.Lock()
 _activated = False
 _record: dict[str, Any] | None = None
@@ -54,9 +57,17 @@ def _run(trigger: str) -> dict[str, Any] | None:
         log_line("debug", "tmaguard: TMAGUARD_MODE=off, doing nothing")
         return None
     try:
-        facts = probe(environ, toggles.root, trigger)
+        # NVML's nvmlInit loads libcuda.so.1 (measured on driver 580), so the file probes come first and
+        # the overlay or shims are loaded before the GPU is asked about; what to supply does not depend on
+        # the GPU, how to route does.
+        facts = probe(environ, toggles.root, trigger, gpu=GPU_NOT_ASKED_YET, cache_dir=toggles.record_dir)
+        outcome = Outcome()
+        if toggles.mode == "auto":
+            outcome = apply_supplies(decide(facts, toggles), toggles.record_dir)
+        facts = replace(facts, gpu=probe_gpus())
         decision = decide(facts, toggles)
-        outcome = apply(decision, toggles.record_dir) if decision.apply else Outcome()
+        if decision.apply:
+            outcome += apply_routing(decision)
         record = build_record(facts, decision, outcome, toggles.mode, (time.perf_counter() - started) * 1e3)
         level = "warning" if outcome.failed else decision.level
         emit(record, level, toggles.log_format)

@@ -3,6 +3,7 @@ CUDA driver entry points each one needs from libcuda.so.1."""
 
 from __future__ import annotations
 
+import functools
 import importlib.machinery
 import os
 import re
@@ -45,13 +46,19 @@ class VllmFacts:
         return {symbol: tuple(sorted(modules)) for symbol, modules in sorted(users.items())}
 
 
-def find_package_dir(name: str = "vllm", search_path: list[str] | None = None) -> str | None:
-    """The package's directory, located like `import` would, without executing it (and without meta-path
-    hooks, so the guard's own import hook is not re-entered). `search_path`: instead of sys.path."""
+def find_package_dirs(name: str, search_path: list[str] | None = None) -> list[str]:
+    """Every directory of the package (several for a namespace package such as `cuda` or `nvidia`), located
+    like `import` would, without executing it (and without meta-path hooks, so the guard's own import hook
+    is not re-entered). `search_path`: instead of sys.path."""
     spec = importlib.machinery.PathFinder.find_spec(name, sys.path if search_path is None else search_path)
     if spec is None or not spec.submodule_search_locations:
-        return None
-    return next(iter(spec.submodule_search_locations))
+        return []
+    return list(spec.submodule_search_locations)
+
+
+def find_package_dir(name: str = "vllm", search_path: list[str] | None = None) -> str | None:
+    """The package's (first) directory; see find_package_dirs."""
+    return next(iter(find_package_dirs(name, search_path)), None)
 
 
 def _read_text(path: str) -> str | None:
@@ -75,16 +82,18 @@ def _dist_info_record(package_dir: str, version: str | None) -> str | None:
     return _read_text(os.path.join(site, names[0], "RECORD")) if len(names) == 1 else None
 
 
-def _extension_files(package_dir: str, version: str | None) -> list[str]:
-    """Every *.so under the package: from the wheel's RECORD (cheap), else by walking the tree."""
+@functools.lru_cache(maxsize=8)
+def _extension_files(package_dir: str, version: str | None) -> tuple[str, ...]:
+    """Every *.so under the package: from the wheel's RECORD (cheap), else by walking the tree. Cached: the
+    doctor asks twice (the guard's probe and the fat-binary scan)."""
     site = os.path.dirname(package_dir)
     record = _dist_info_record(package_dir, version)
     if record is not None:
-        return sorted(os.path.join(site, f) for f in _RECORD_EXTENSION.findall(record))
+        return tuple(sorted(os.path.join(site, f) for f in _RECORD_EXTENSION.findall(record)))
     found = []
     for directory, _, names in os.walk(package_dir):
         found.extend(os.path.join(directory, n) for n in names if n.endswith(".so"))
-    return sorted(found)
+    return tuple(sorted(found))
 
 
 def _module_name(package_dir: str, path: str) -> str:
@@ -92,9 +101,16 @@ def _module_name(package_dir: str, path: str) -> str:
     return relative.split(".", 1)[0].replace(os.sep, ".")
 
 
-def extension_modules(package_dir: str, version: str | None) -> list[tuple[str, str]]:
+def package_version(package_dir: str) -> str | None:
+    """The version in the package's _version.py (vLLM's setuptools-scm file), without importing it."""
+    match = _VERSION.search(_read_text(os.path.join(package_dir, "_version.py")) or "")
+    return match.group(1) if match else None
+
+
+def extension_modules(package_dir: str) -> list[tuple[str, str]]:
     """(module, path) of every extension module in the package, whether or not it links libcuda.so.1."""
-    return [(_module_name(package_dir, path), path) for path in _extension_files(package_dir, version)]
+    files = _extension_files(package_dir, package_version(package_dir))
+    return [(_module_name(package_dir, path), path) for path in files]
 
 
 def scan_extension(package_dir: str, path: str) -> Extension | None:
@@ -120,9 +136,7 @@ def probe_vllm(package_dir: str | None = None) -> VllmFacts:
     package_dir = package_dir or find_package_dir()
     if package_dir is None:
         return VllmFacts(found=False)
-    version_text = _read_text(os.path.join(package_dir, "_version.py")) or ""
-    match = _VERSION.search(version_text)
-    version = match.group(1) if match else None
+    version = package_version(package_dir)
     extensions = tuple(
         e for path in _extension_files(package_dir, version) if (e := scan_extension(package_dir, path))
     )

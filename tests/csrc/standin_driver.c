@@ -4,6 +4,7 @@
  * tensor-map encoders write a recognisable descriptor (see write_descriptor).
  */
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "standin_entry_points.h"
@@ -12,6 +13,7 @@
     STANDIN_L_EPS(X)                                                           \
     STANDIN_BASIC_EPS(X)                                                       \
     STANDIN_NEW_EPS(X)                                                         \
+    X(cuOccupancyMaxActiveClusters, -1, 0)                                     \
     X(cuGetProcAddress, -1, 0)
 
 enum {
@@ -66,6 +68,14 @@ STANDIN_GENERIC_EPS(X)
 
 STANDIN_EXPORT CUresult cuLaunchKernelEx(STANDIN_GENERIC_PARAMS) {
     bump(IDX_cuLaunchKernelEx);
+    return CUDA_SUCCESS;
+}
+
+/* (int *numClusters, CUfunction, const CUlaunchConfig *): Triton's launcher looks it up (CUDA 11.8+). */
+STANDIN_EXPORT CUresult cuOccupancyMaxActiveClusters(STANDIN_GENERIC_PARAMS) {
+    bump(IDX_cuOccupancyMaxActiveClusters);
+    if (a0)
+        *(int *)a0 = 1;
     return CUDA_SUCCESS;
 }
 
@@ -229,11 +239,21 @@ static const struct {
 #undef X
 };
 
-static void *lookup(const char *symbol) {
+static void *lookup_exact(const char *symbol) {
     for (int k = 0; k < N_EPS; k++)
         if (strcmp(g_table[k].name, symbol) == 0)
             return g_table[k].fn;
     return NULL;
+}
+
+/* Like the real driver, a base name gives its current version: "cuMemAlloc" -> cuMemAlloc_v2 (cuda-python
+ * asks for base names with a version number). */
+static void *lookup(const char *symbol) {
+    void *fn = lookup_exact(symbol);
+    char versioned[128];
+    if (!fn && snprintf(versioned, sizeof(versioned), "%s_v2", symbol) < (int)sizeof(versioned))
+        fn = lookup_exact(versioned);
+    return fn;
 }
 
 /* Like the real driver: unknown names give CUDA_SUCCESS and a NULL pointer. */

@@ -214,11 +214,20 @@ static const struct {
 #undef X
 };
 
-static void *lookup_own(const char *symbol) {
+static void *lookup_own_exact(const char *symbol) {
     for (int k = 0; k < N_EPS; k++)
         if (strcmp(g_own[k].name, symbol) == 0)
             return g_own[k].fn;
     return NULL;
+}
+
+/* A base name gives the layer's own current version ("cuMemAlloc" -> cuMemAlloc_v2), like the driver. */
+static void *lookup_own(const char *symbol) {
+    void *fn = lookup_own_exact(symbol);
+    char versioned[128];
+    if (!fn && snprintf(versioned, sizeof(versioned), "%s_v2", symbol) < (int)sizeof(versioned))
+        fn = lookup_own_exact(versioned);
+    return fn;
 }
 
 /* Own (metered) function for exported names; what happens to the rest is the variant's. */

@@ -6,6 +6,7 @@
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdint.h>
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -112,6 +113,9 @@ static nvmlReturn_t do_init(void) {
     load_config();
     g_refs++;
     pthread_mutex_unlock(&g_lock);
+    /* The real NVML loads libcuda.so.1 in nvmlInit (measured on an H200, driver 580.159.04): whatever
+       answers libcuda.so.1 is mapped from then on, so a guard must act before it calls NVML. */
+    dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     return NVML_SUCCESS;
 }
 

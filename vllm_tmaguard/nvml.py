@@ -1,0 +1,73 @@
+"""The few NVML calls the guard makes, through ctypes. nvidia-ml-py's pynvml costs 30-40 ms to import
+(measured here), several times the guard's whole start-up budget; these nine calls cost well under 1 ms."""
+
+from __future__ import annotations
+
+import ctypes
+
+_SUCCESS = 0
+
+
+class NvmlError(RuntimeError):
+    def __init__(self, function: str, code: int, message: str) -> None:
+        self.function, self.code = function, code
+        super().__init__(f"{function}: {message} ({code})")
+
+
+class Nvml:
+    def __init__(self, library: str = "libnvidia-ml.so.1") -> None:
+        self._lib = ctypes.CDLL(library)  # OSError when NVML is not installed
+
+    def _call(self, function: str, *args: object) -> None:
+        code = getattr(self._lib, function)(*args)  # AttributeError when this NVML lacks the function
+        if code != _SUCCESS:
+            raise NvmlError(function, code, self._error_string(code))
+
+    def _error_string(self, code: int) -> str:
+        try:
+            describe = self._lib.nvmlErrorString
+            describe.restype = ctypes.c_char_p
+            return (describe(code) or b"unknown error").decode(errors="replace")
+        except AttributeError:
+            return "unknown error"
+
+    def init(self) -> None:
+        self._call("nvmlInit_v2" if hasattr(self._lib, "nvmlInit_v2") else "nvmlInit")
+
+    def shutdown(self) -> None:
+        self._call("nvmlShutdown")
+
+    def device_count(self) -> int:
+        count = ctypes.c_uint()
+        self._call("nvmlDeviceGetCount_v2", ctypes.byref(count))
+        return count.value
+
+    def handle(self, index: int) -> ctypes.c_void_p:
+        handle = ctypes.c_void_p()
+        self._call("nvmlDeviceGetHandleByIndex_v2", ctypes.c_uint(index), ctypes.byref(handle))
+        return handle
+
+    def name(self, handle: ctypes.c_void_p) -> str:
+        buffer = ctypes.create_string_buffer(96)
+        self._call("nvmlDeviceGetName", handle, buffer, ctypes.c_uint(len(buffer)))
+        return buffer.value.decode(errors="replace")
+
+    def compute_capability(self, handle: ctypes.c_void_p) -> tuple[int, int]:
+        major, minor = ctypes.c_int(), ctypes.c_int()
+        self._call("nvmlDeviceGetCudaComputeCapability", handle, ctypes.byref(major), ctypes.byref(minor))
+        return major.value, minor.value
+
+    def mig_mode(self, handle: ctypes.c_void_p) -> int:
+        current, pending = ctypes.c_uint(), ctypes.c_uint()
+        self._call("nvmlDeviceGetMigMode", handle, ctypes.byref(current), ctypes.byref(pending))
+        return current.value
+
+    def virtualization_mode(self, handle: ctypes.c_void_p) -> int:
+        mode = ctypes.c_int()
+        self._call("nvmlDeviceGetVirtualizationMode", handle, ctypes.byref(mode))
+        return mode.value
+
+    def driver_version(self) -> str:
+        buffer = ctypes.create_string_buffer(96)
+        self._call("nvmlSystemGetDriverVersion", buffer, ctypes.c_uint(len(buffer)))
+        return buffer.value.decode(errors="replace")

@@ -1,0 +1,100 @@
+"""The vLLM scan, cached across processes (every vLLM worker runs the guard): one JSON file per vLLM
+install in the guard's private record directory, valid while vLLM's version file and extension files keep
+their size and modification time."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+
+from .vllm_probe import Extension, VllmFacts, extension_modules, find_package_dir, probe_vllm
+
+_FORMAT = 1
+
+
+def _signature(paths: list[str]) -> list[list[int]] | None:
+    try:
+        return [[(s := os.stat(p)).st_size, s.st_mtime_ns] for p in paths]
+    except OSError:
+        return None
+
+
+def _cache_path(cache_dir: str, package_dir: str) -> str:
+    digest = hashlib.sha256(os.path.realpath(package_dir).encode()).hexdigest()[:16]
+    return os.path.join(cache_dir, f"vllm-scan-{digest}.json")
+
+
+def _watched(package_dir: str, extensions: list[str]) -> list[str]:
+    return [os.path.join(package_dir, "_version.py"), *extensions]
+
+
+def load(cache_dir: str, package_dir: str) -> VllmFacts | None:
+    """The cached facts for this vLLM install, or None when absent, stale or unreadable."""
+    try:
+        with open(_cache_path(cache_dir, package_dir)) as file:
+            cached = json.load(file)
+        if cached.get("format") != _FORMAT or cached["package_dir"] != package_dir:
+            return None
+        paths = [e["path"] for e in cached["extensions"]] + cached["other_extensions"]
+        if _signature(_watched(package_dir, paths)) != cached["signature"]:
+            return None
+        extensions = tuple(
+            Extension(e["module"], e["path"], frozenset(e["driver_symbols"]), e["error"])
+            for e in cached["extensions"]
+        )
+        return VllmFacts(
+            True,
+            cached["version"],
+            package_dir,
+            extensions,
+            cached["platform_plugins"],
+            tuple(cached["imported_at_platform_load"]),
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def store(cache_dir: str, facts: VllmFacts, all_extensions: list[str]) -> None:
+    """Writes the facts atomically; a failure only costs the next process a rescan."""
+    assert facts.package_dir is not None
+    scanned = {e.path for e in facts.extensions}
+    others = [p for p in all_extensions if p not in scanned]
+    signature = _signature(_watched(facts.package_dir, [e.path for e in facts.extensions] + others))
+    if signature is None:
+        return
+    document = {
+        "format": _FORMAT,
+        "package_dir": facts.package_dir,
+        "version": facts.version,
+        "signature": signature,
+        "extensions": [
+            {"module": e.module, "path": e.path, "driver_symbols": sorted(e.driver_symbols), "error": e.error}
+            for e in facts.extensions
+        ],
+        "other_extensions": others,
+        "platform_plugins": facts.platform_plugins,
+        "imported_at_platform_load": list(facts.imported_at_platform_load),
+    }
+    try:
+        os.makedirs(cache_dir, mode=0o700, exist_ok=True)
+        fd, temporary = tempfile.mkstemp(dir=cache_dir, prefix=".vllm-scan.")
+        with os.fdopen(fd, "w") as file:
+            json.dump(document, file)
+        os.replace(temporary, _cache_path(cache_dir, facts.package_dir))
+    except OSError:
+        pass
+
+
+def probe_vllm_cached(cache_dir: str | None, package_dir: str | None = None) -> VllmFacts:
+    """probe_vllm, answered from the cache when this install was scanned before and is unchanged."""
+    package_dir = package_dir or find_package_dir()
+    if package_dir is None:
+        return VllmFacts(found=False)
+    if cache_dir and (cached := load(cache_dir, package_dir)) is not None:
+        return cached
+    facts = probe_vllm(package_dir)
+    if cache_dir:
+        store(cache_dir, facts, [path for _, path in extension_modules(package_dir)])
+    return facts
