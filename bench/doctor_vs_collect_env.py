@@ -17,14 +17,12 @@ from _results import write_section
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
-from podkit import build_pod  # noqa: E402
+from podkit import build_pod, scrubbed_environ  # noqa: E402
 
 ROUNDS = 3
 DOCTOR_PER_ROUND = 8
 TARGET_MS = 300
 TOOL = Path(sys.executable).parent
-SCRUBBED = ("TMAGUARD_", "VLLM_", "LD_LIBRARY_PATH", "LD_PRELOAD", "STANDIN_", "CUDA_", "LUPINE_")
-SCRUBBED += ("PYTHONPATH",)
 COMMANDS = {
     "doctor --json": [str(TOOL / "tmaguard"), "doctor", "--json"],
     "doctor (readable)": [str(TOOL / "tmaguard"), "doctor"],
@@ -55,7 +53,7 @@ def cli_note(env: dict[str, str]) -> str:
 
 
 def environments(base: Path) -> dict[str, dict[str, str]]:
-    plain = {k: v for k, v in os.environ.items() if not k.startswith(SCRUBBED)}
+    plain = scrubbed_environ()
     plain["TMAGUARD_RECORD_DIR"] = str(base / "records")
     pod = build_pod(base, "vcuda")
     return {"this machine (no GPU)": plain, "emulated vCUDA pod, RTX 4090": {**plain, **pod.env}}

@@ -22,10 +22,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import write_section
-from podkit import build_pod
+from podkit import build_pod, scrubbed_environ
 
 CHILD = "from vllm.platforms import current_platform; current_platform.get_device_name"
-SCRUB = ("TMAGUARD_", "VLLM_", "LD_LIBRARY_PATH", "LD_PRELOAD", "STANDIN_", "PYTHONPATH")
 
 
 def one_run(env: dict[str, str], record_dir: str) -> tuple[float, float | None]:
@@ -70,7 +69,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=12)
     args = parser.parse_args()
-    base_env = {k: v for k, v in os.environ.items() if not k.startswith(SCRUB)}
+    base_env = scrubbed_environ()
     with tempfile.TemporaryDirectory() as base:
         pod = build_pod(Path(base), "vcuda")
         rows = [

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
@@ -11,19 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from podkit import DEFAULT_BUILD_DIR, Pod, build_pod, build_standins
-
-# Variables of the developer's or CI's shell that would change what a child process sees.
-_SCRUBBED_PREFIXES = (
-    "TMAGUARD_",
-    "VLLM_",
-    "LD_LIBRARY_PATH",
-    "LD_PRELOAD",
-    "STANDIN_",
-    "CUDA_",
-    "LUPINE_",
-    "PYTHONPATH",
-)
+from podkit import DEFAULT_BUILD_DIR, Pod, build_pod, build_standins, scrubbed_environ
 
 
 @dataclass(frozen=True)
@@ -83,7 +70,7 @@ def run_python(tmp_path: Path) -> Callable[..., Run]:
     """Runs `code` with this test environment's Python in a fresh process inside `pod`."""
 
     def run(pod: Pod | None, code: str, env: Mapping[str, str] | None = None, timeout: float = 300) -> Run:
-        child_env = {k: v for k, v in os.environ.items() if not k.startswith(_SCRUBBED_PREFIXES)}
+        child_env = scrubbed_environ()
         record_dir = tmp_path / "records"
         child_env["TMAGUARD_RECORD_DIR"] = str(record_dir)
         if pod is not None:

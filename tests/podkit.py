@@ -38,6 +38,25 @@ class StandinBuildError(RuntimeError):
     """gcc is missing or failed to compile a stand-in."""
 
 
+# Variables of the developer's or CI's shell that would change what a child process in a pod sees.
+SCRUBBED_PREFIXES = (
+    "TMAGUARD_",
+    "VLLM_",
+    "LD_LIBRARY_PATH",
+    "LD_PRELOAD",
+    "STANDIN_",
+    "CUDA_",
+    "LUPINE_",
+    "PYTHONPATH",
+)
+
+
+def scrubbed_environ(extra_prefixes: tuple[str, ...] = ()) -> dict[str, str]:
+    """os.environ without the variables that would leak into an emulated pod's processes."""
+    prefixes = SCRUBBED_PREFIXES + extra_prefixes
+    return {k: v for k, v in os.environ.items() if not k.startswith(prefixes)}
+
+
 @dataclass(frozen=True)
 class Pod:
     kind: str

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from podkit import scrubbed_environ
 
 from vllm_tmaguard import doctor as doctor_module
 from vllm_tmaguard.vllm_probe import find_package_dir
@@ -23,18 +24,8 @@ from vllm_tmaguard.vllm_probe import find_package_dir
 GOLDEN = Path(__file__).resolve().parent / "golden" / "doctor_vcuda_rtx4090.txt"
 H100 = {"gpu_name": "NVIDIA H100 80GB HBM3", "cc": "9.0"}
 RTX_5070 = {"gpu_name": "NVIDIA GeForce RTX 5070", "cc": "12.0"}
-# Variables of the developer's or CI's shell that would change what the doctor sees or prints.
-_SCRUBBED = (
-    "TMAGUARD_",
-    "VLLM_",
-    "LD_LIBRARY_PATH",
-    "LD_PRELOAD",
-    "STANDIN_",
-    "CUDA_",
-    "LUPINE_",
-    "PYTHONPATH",
-)
-_SCRUBBED += ("COLUMNS", "NO_COLOR", "FORCE_COLOR")
+# Besides the pod-leaking variables, those that change how the doctor prints.
+_PRINTING = ("COLUMNS", "NO_COLOR", "FORCE_COLOR")
 SITE = str(Path(find_package_dir("vllm")).parent)
 
 
@@ -72,7 +63,7 @@ def doctor(tmp_path: Path) -> Callable[..., DoctorRun]:
         python: tuple[str, ...] = (sys.executable,),
         timeout: float = 120,
     ) -> DoctorRun:
-        child_env = {k: v for k, v in os.environ.items() if not k.startswith(_SCRUBBED)}
+        child_env = scrubbed_environ(_PRINTING)
         record_dir = tmp_path / "records"
         child_env["TMAGUARD_RECORD_DIR"] = str(record_dir)
         if pod is not None:
@@ -442,7 +433,7 @@ def test_missing_vllm_is_a_finding(pods, doctor, tmp_path: Path) -> None:
 
 def test_guard_record_is_reported(pods, doctor, tmp_path: Path) -> None:
     pod = pods("vcuda")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_SCRUBBED)} | pod.env
+    env = scrubbed_environ(_PRINTING) | pod.env
     check = subprocess.run(
         [sys.executable, "-m", "vllm_tmaguard", "check", "--json"], env=env, capture_output=True, text=True
     )
@@ -483,7 +474,7 @@ def test_usage_errors_exit_2(pods, doctor, args: list[str], env: dict[str, str],
 
 def test_console_script_and_help(pods) -> None:
     script = Path(sys.executable).parent / "tmaguard"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_SCRUBBED)} | pods("bare").env
+    env = scrubbed_environ(_PRINTING) | pods("bare").env
     done = subprocess.run([str(script), "doctor", "--help"], env=env, capture_output=True, text=True)
     assert done.returncode == 0 and "Exit status: 0 healthy, 1 problems found, 2 usage error" in done.stdout
     done = subprocess.run([str(script), "doctor", "--json"], env=env, capture_output=True, text=True)

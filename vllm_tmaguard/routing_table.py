@@ -69,11 +69,22 @@ _MOE_HINT = (
 )
 _FP8_NO_KNOB = "FP8/INT8 linear layers use CUTLASS sm90 with no knob in this version: serve a non-FP8 model"
 
+_QUANT_KERNELS = "model_executor/layers/quantization/kernels/"
+_FA_ENV = {"flash_attn_env": "VLLM_FLASH_ATTN_VERSION", "fa3_module": "vllm.vllm_flash_attn._vllm_fa3_C"}
+# From 0.15.1: both DeepGEMM knobs, FA3 steered by its extension's import, FlashMLA likewise.
+_SINCE_0_15 = {
+    "gated_to_90": True,
+    "deep_gemm_off": ("VLLM_USE_DEEP_GEMM", "VLLM_MOE_USE_DEEP_GEMM"),
+    "fa3_module": "vllm.vllm_flash_attn._vllm_fa3_C",
+    "flashmla_module": "vllm._flashmla_C",
+}
+_LINEAR = "model_executor/kernels/linear/__init__.py"
+
 TABLES = (
     VersionTable(
         "0.6.6",
         "0.6.6.post1",
-        "model_executor/layers/quantization/kernels/__init__.py",
+        _QUANT_KERNELS + "__init__.py",
         ("MacheteLinearKernel",),
         gated_to_90=False,
         no_knob=(_FP8_NO_KNOB,),
@@ -81,68 +92,42 @@ TABLES = (
     VersionTable(
         "0.8.5",
         "0.8.5",
-        "model_executor/layers/quantization/kernels/mixed_precision/__init__.py",
+        _QUANT_KERNELS + "mixed_precision/__init__.py",
         ("MacheteLinearKernel",),
         gated_to_90=False,
         deep_gemm_off=("VLLM_USE_DEEP_GEMM",),
-        flash_attn_env="VLLM_FLASH_ATTN_VERSION",
-        fa3_module="vllm.vllm_flash_attn._vllm_fa3_C",
         no_knob=(_FP8_NO_KNOB,),
+        **_FA_ENV,
     ),
     VersionTable(
         "0.10.2",
         "0.10.2",
-        "model_executor/layers/quantization/kernels/mixed_precision/__init__.py",
+        _QUANT_KERNELS + "mixed_precision/__init__.py",
         _MIXED_03,
         gated_to_90=True,
         deep_gemm_off=("VLLM_USE_DEEP_GEMM",),
-        flash_attn_env="VLLM_FLASH_ATTN_VERSION",
-        fa3_module="vllm.vllm_flash_attn._vllm_fa3_C",
         no_knob=(_FP8_NO_KNOB,),
+        **_FA_ENV,
     ),
     VersionTable(
         "0.15.1",
         "0.15.1",
-        "model_executor/layers/quantization/kernels/mixed_precision/__init__.py",
+        _QUANT_KERNELS + "mixed_precision/__init__.py",
         _MIXED_03,
-        gated_to_90=True,
-        deep_gemm_off=("VLLM_USE_DEEP_GEMM", "VLLM_MOE_USE_DEEP_GEMM"),
-        fa3_module="vllm.vllm_flash_attn._vllm_fa3_C",
-        flashmla_module="vllm._flashmla_C",
         no_knob=("block-FP8 linear layers use CUTLASS sm90 with no knob in this version",),
+        **_SINCE_0_15,
     ),
+    VersionTable("0.20.2", "0.20.2", _LINEAR, _MIXED_03 + _FP8_LINEAR, no_knob=(_MOE_HINT,), **_SINCE_0_15),
     VersionTable(
-        "0.20.2",
-        "0.20.2",
-        "model_executor/kernels/linear/__init__.py",
-        _MIXED_03 + _FP8_LINEAR,
-        gated_to_90=True,
-        deep_gemm_off=("VLLM_USE_DEEP_GEMM", "VLLM_MOE_USE_DEEP_GEMM"),
-        fa3_module="vllm.vllm_flash_attn._vllm_fa3_C",
-        flashmla_module="vllm._flashmla_C",
-        no_knob=(_MOE_HINT,),
-    ),
-    VersionTable(
-        "0.25.1",
-        "0.25.1",
-        "model_executor/kernels/linear/__init__.py",
-        _MIXED_03 + _FP8_LINEAR + _HUMMING,
-        gated_to_90=True,
-        deep_gemm_off=("VLLM_USE_DEEP_GEMM", "VLLM_MOE_USE_DEEP_GEMM"),
-        fa3_module="vllm.vllm_flash_attn._vllm_fa3_C",
-        flashmla_module="vllm._flashmla_C",
-        no_knob=(_MOE_HINT,),
+        "0.25.1", "0.25.1", _LINEAR, _MIXED_03 + _FP8_LINEAR + _HUMMING, no_knob=(_MOE_HINT,), **_SINCE_0_15
     ),
     VersionTable(
         "0.32.0",
         "0.32.0 and 0.33.0",
-        "model_executor/kernels/linear/__init__.py",
+        _LINEAR,
         _MIXED_03 + _FP8_LINEAR + _HUMMING,
-        gated_to_90=True,
-        deep_gemm_off=("VLLM_USE_DEEP_GEMM", "VLLM_MOE_USE_DEEP_GEMM"),
-        fa3_module="vllm.vllm_flash_attn._vllm_fa3_C",
-        flashmla_module="vllm._flashmla_C",
         no_knob=(_MOE_HINT,),
+        **_SINCE_0_15,
     ),
 )
 NEWEST_READ = (0, 33, 0)
