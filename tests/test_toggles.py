@@ -18,17 +18,19 @@ def test_every_allowed_value_parses(name: str) -> None:
         parse_toggles({name: value.upper()})  # case-insensitive, as manifests are written by people
 
 
-@pytest.mark.parametrize(
-    ("name", "value"),
-    [
-        ("TMAGUARD_MODE", "of"),
-        ("TMAGUARD_STRICT", "yes"),
-        ("TMAGUARD_LOG_FORMAT", "yaml"),
-        ("TMAGUARD_ROOT", "relative/dir"),
-        ("TMAGUARD_ROOT", "/does/not/exist"),
-        ("TMAGUARD_RECORD_DIR", "records"),
-    ],
-)
+BAD_VALUES = [
+    ("TMAGUARD_MODE", "of"),
+    ("TMAGUARD_STRICT", "yes"),
+    ("TMAGUARD_LOG_FORMAT", "yaml"),
+    ("TMAGUARD_GEMM", "fastest"),
+    ("TMAGUARD_OVERLAY", "sometimes"),
+    ("TMAGUARD_ROOT", "relative/dir"),
+    ("TMAGUARD_ROOT", "/does/not/exist"),
+    ("TMAGUARD_RECORD_DIR", "records"),
+]
+
+
+@pytest.mark.parametrize(("name", "value"), BAD_VALUES)
 def test_bad_value_names_variable_value_and_allowed(name: str, value: str) -> None:
     with pytest.raises(ToggleError) as caught:
         parse_toggles({name: value})
@@ -49,3 +51,8 @@ def test_mode_and_strict_values_map_to_fields(tmp_path) -> None:
     assert toggles == Toggles(
         mode="validate", strict=True, log_format="json", root=str(tmp_path), record_dir=str(tmp_path / "r")
     )
+
+
+def test_every_toggle_has_a_bad_value_case() -> None:
+    covered = {name for name, _ in BAD_VALUES}
+    assert covered == {spec.name for spec in TOGGLES}
