@@ -112,8 +112,9 @@ def probe(
     """One pass of the probes. `gpu`: NVML's answer gathered elsewhere (the doctor asks NVML in a child
     process); `vllm_dir`: the vLLM package directory to read instead of the one on sys.path; `cache_dir`:
     where the vLLM scan is cached across processes (the guard's private record directory)."""
+    # The loader's view first: nvmlInit loads libcuda.so.1 (measured, driver 580), after which it is mapped.
+    driver = probe_driver(environ, root, gpu.driver_version if gpu else None)
     gpu = probe_gpus() if gpu is None else gpu
-    driver = probe_driver(environ, root, gpu.driver_version)
     layers = detect_layers(gather_evidence(root, environ, driver.info))
     vllm = probe_vllm_cached(cache_dir, vllm_dir)
     listed = None
