@@ -235,3 +235,18 @@ def test_sm90_with_forwarded_encoder_has_usable_tma(pods, run_python) -> None:
         record["tma"]["usable"] is True
         and "forwarded by the guard to the real driver" in record["tma"]["reason"]
     )
+
+
+def test_check_command_reports_what_a_vllm_process_would_do(pods) -> None:
+    """`tmaguard check` asks NVML in-process, and nvmlInit maps libcuda.so.1: the loader's view first."""
+    import subprocess
+    import sys
+
+    env = {**pods("vcuda").environ(), "TMAGUARD_MODE": "auto"}
+    done = subprocess.run(
+        [sys.executable, "-m", "vllm_tmaguard", "check", "--json"], env=env, capture_output=True, text=True
+    )
+    record = json.loads(done.stdout)
+    assert done.returncode == 0, done.stderr
+    assert record["libcuda"]["how"] == "LD_LIBRARY_PATH" and record["mode"] == "validate"
+    assert record["supplied"]["cuLaunchKernelEx"] == "overlay" and record["unfixed"] == []
