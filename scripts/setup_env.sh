@@ -25,7 +25,7 @@ if [ ! -f "$stamp" ]; then
   # vLLM 0.32.0 requires humming-kernels 0.1.17; its kernel outranks Marlin at compute capability 9.0, so
   # the selectors only behave as in a normal install with it present.
   "${pip[@]}" "humming-kernels==0.1.17"
-  "${pip[@]}" pytest nvidia-ml-py typer rich ruff hypothesis
+  "${pip[@]}" pytest nvidia-ml-py typer rich ruff hypothesis kubernetes-validate jsonpatch yamllint dockerfile-parse matplotlib
   touch "$stamp"
 fi
 "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps --force-reinstall "$root"
