@@ -147,6 +147,7 @@ def layer_section() -> list[str]:
     keys = list(bare[0])
     ratios = [(bare[0][k] + bare[1][k]) / (layer[0][k] + layer[1][k]) for k in keys]
     noise = geomean([bare[0][k] / bare[1][k] for k in keys])
+    _plot_layer(keys, ratios)
     return [
         "## Machete under an emulated sharing layer with the guard vs bare (Hopper device)",
         "",
@@ -158,7 +159,30 @@ def layer_section() -> list[str]:
         f"(min {min(ratios):.3f}, max {max(ratios):.3f}); target >= 0.99: met.",
         f"- bare run 1 / bare run 2 (the noise floor): {noise:.4f}.",
         "",
+        "![Machete bare / under the layer](img/machete_layer_vs_bare.png)",
+        "",
     ]
+
+
+def _plot_layer(keys: list[tuple[str, int, str]], ratios: list[float]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 3.8))
+    for shape in dict.fromkeys(k[0] for k in keys):
+        points = [(k[1], r) for k, r in zip(keys, ratios, strict=True) if k[0] == shape]
+        axes.plot([m for m, _ in points], [r for _, r in points], marker=".", label=shape)
+    axes.axhline(0.99, color="red", linewidth=1, linestyle="--", label="target 0.99")
+    axes.set_xscale("log", base=2)
+    axes.set_ylim(0.9, 1.1)
+    axes.set_xlabel("tokens per step (m)")
+    axes.set_ylabel("bare time / with layer + guard")
+    axes.set_title("Machete under the emulated layer with the overlay, H200")
+    axes.legend(fontsize=7, ncol=3)
+    figure.tight_layout()
+    figure.savefig(IMG / "machete_layer_vs_bare.png", dpi=110)
 
 
 def main() -> None:
