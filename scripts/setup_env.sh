@@ -18,10 +18,10 @@ if [ ! -f "$stamp" ]; then
   "${pip[@]}" "torch===$torch_version"
   "${pip[@]}" --no-deps "vllm==$vllm_version"
   # What vLLM's import path needs (DESIGN.md §5); installing vLLM with its deps pins versions the
-  # index cannot always satisfy.
-  "${pip[@]}" numpy packaging regex psutil pyzmq urllib3 transformers requests cbor2 aiohttp \
-    openai-harmony openai pillow pybase64 cachetools msgspec cloudpickle uvloop py-cpuinfo \
-    prometheus_client xgrammar fastapi partial_json_parser llguidance einops
+  # index cannot always satisfy. Where vLLM 0.32.0 pins a version, the same pin.
+  "${pip[@]}" numpy packaging regex psutil pyzmq urllib3 "transformers>=5.16.1,<5.20.0" requests cbor2 \
+    aiohttp openai-harmony openai pillow pybase64 cachetools msgspec cloudpickle uvloop py-cpuinfo \
+    prometheus_client "xgrammar==0.2.8" fastapi partial_json_parser "llguidance>=1.7.0,<1.8.0" einops
   # vLLM 0.32.0 requires humming-kernels 0.1.17; its kernel outranks Marlin at compute capability 9.0, so
   # the selectors only behave as in a normal install with it present.
   "${pip[@]}" "humming-kernels==0.1.17"
