@@ -8,9 +8,9 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from . import overlay
+from . import overlay, trust
 from .decision import Decision, Supply
 from .libraries import SHIM_FILES, shim_path
 
@@ -31,14 +31,24 @@ def _configure(library: ctypes.CDLL, real_driver: str | None) -> ctypes.CDLL:
 
 
 def load_shim(library: str, real_driver: str | None) -> ctypes.CDLL:
-    """Loads one shim into the global scope, ahead of libcuda.so.1 for every later look-up of its names."""
-    return _configure(ctypes.CDLL(shim_path(library), mode=os.RTLD_GLOBAL | os.RTLD_NOW), real_driver)
+    """Loads one shim into the global scope, ahead of libcuda.so.1 for every later look-up of its names.
+    Only from a trusted path (trust.py): UntrustedPath, an OSError, otherwise."""
+    path = trust.trusted_file(shim_path(library))
+    return _configure(ctypes.CDLL(path, mode=os.RTLD_GLOBAL | os.RTLD_NOW), real_driver)
 
 
-def load_overlay(supply: Supply, layer_path: str, real_driver: str | None, runtime_dir: str) -> str:
-    """Installs and loads the overlay; from then on dlopen("libcuda.so.1") gives it. Returns its path."""
+def load_overlay(supply: Supply, layer_path: str, real_driver: str | None, runtime_dir: str | None) -> str:
+    """Installs and loads the overlay; from then on dlopen("libcuda.so.1") gives it. Returns its path.
+    `runtime_dir` None: kept in memory. Raises OverlayError if it did not become libcuda.so.1."""
     path = overlay.install(supply.groups, layer_path, runtime_dir)
-    _configure(ctypes.CDLL(path, mode=os.RTLD_NOW), real_driver)
+    library = _configure(ctypes.CDLL(path, mode=os.RTLD_NOW), real_driver)
+    # The loader gives an earlier libcuda.so.1 (loaded unseen: no /proc, another thread) to every later
+    # dlopen("libcuda.so.1"); then the overlay answers nothing and the shims must step in.
+    answering = ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOW | os.RTLD_NOLOAD)
+    if answering._handle != library._handle:
+        raise overlay.OverlayError(
+            f"{path} did not become the process's libcuda.so.1: another one was loaded before it"
+        )
     return path
 
 
@@ -51,7 +61,9 @@ def block_import(module: str) -> bool:
     return True
 
 
-def _supply(supply: Supply, decision: Decision, runtime_dir: str, done: list[str], failed: list[str]) -> None:
+def _supply(
+    supply: Supply, decision: Decision, runtime_dir: str | None, done: list[str], failed: list[str]
+) -> None:
     if supply.library == "overlay":
         try:
             path = load_overlay(supply, decision.layer_path or "", decision.real_driver, runtime_dir)
@@ -69,10 +81,16 @@ def _supply(supply: Supply, decision: Decision, runtime_dir: str, done: list[str
         failed.append(f"could not load {shim_path(supply.library)}: {error}")
 
 
-def apply_supplies(decision: Decision, runtime_dir: str) -> Outcome:
-    """Loads the overlay or the shims. Must run before anything loads libcuda.so.1, NVML included."""
+def apply_supplies(decision: Decision, runtime_dir: str | None) -> Outcome:
+    """Loads the overlay or the shims. Must run before anything loads libcuda.so.1, NVML included.
+    `runtime_dir`: the guard's private directory for the overlay's file; None: keep it in memory."""
     done: list[str] = []
     failed: list[str] = []
+    real = decision.real_driver
+    problem = trust.path_problem(real) if real else None
+    if problem is not None:  # the shims dlopen it when the layer has not: only from a trusted path
+        failed.append(f"not forwarding to the real driver {real}: {problem}")
+        decision = replace(decision, real_driver=None)
     for supply in decision.supplies:
         _supply(supply, decision, runtime_dir, done, failed)
     return Outcome(tuple(done), tuple(failed))

@@ -1385,6 +1385,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     """`tmaguard doctor ARGS`; returns the exit status."""
     from .toggles import ToggleError, parse_toggles
+    from .trust import redact
 
     args = parser().parse_args(argv)  # exits 2 on a usage error
     try:
@@ -1402,8 +1403,9 @@ def main(argv: list[str]) -> int:
             active_timeout=args.active_timeout,
         )
     except Exception as error:  # a bug of ours: one clear line, not a traceback
-        print(f"tmaguard doctor: internal error: {type(error).__name__}: {error}", file=sys.stderr)
+        print(redact(f"tmaguard doctor: internal error: {type(error).__name__}: {error}"), file=sys.stderr)
         return 1
+    report = redact(report)  # it quotes paths, records and child processes' output: no secrets in it
     if args.as_json:
         sys.stdout.write(json.dumps(report, indent=1) + "\n")
     else:

@@ -63,8 +63,11 @@ def _layout(elf_class: int, byte_order: str) -> _Layout:
     )
 
 
+_MAX_NAME = 4096  # longer names (none the guard looks for) read as "": bounds the terminator scan
+
+
 def _string_at(table: bytes, offset: int) -> str:
-    end = table.find(b"\0", offset)
+    end = table.find(b"\0", offset, offset + _MAX_NAME)
     if offset >= len(table) or end < 0:
         return ""
     return table[offset:end].decode("utf-8", "replace")

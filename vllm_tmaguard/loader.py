@@ -71,8 +71,11 @@ def read_ld_so_cache(data: bytes, machine: str) -> list[tuple[str, str]]:
     return pairs
 
 
+_MAX_CACHE_STRING = 4096  # PATH_MAX: bounds the scan for a terminator in a corrupt cache
+
+
 def _c_string(data: bytes, offset: int) -> str:
-    end = data.find(b"\0", offset)
+    end = data.find(b"\0", offset, offset + _MAX_CACHE_STRING)
     return data[offset:end].decode("utf-8", "replace") if 0 <= offset < end else ""
 
 
@@ -85,6 +88,30 @@ def _usable(path: str, machine: int | None) -> ElfInfo | str:
     if machine is not None and info.machine != machine:
         return f"built for machine {info.machine}, not this one"
     return info
+
+
+def _passes_over(path: str, machine: int | None) -> str | None:
+    """Why glibc's loader would go on to the next candidate (its open_verify), or None if it stops at this
+    file. It passes over a file it may not open and an ELF file of the other class or another machine;
+    any other flaw (too short, not ELF, the wrong byte order...) fails the load right there, so that
+    file, broken or not, is the answer: the guard must not pick a later one the loader would never reach."""
+    try:
+        with open(path, "rb") as file:
+            header = file.read(64)
+    except (PermissionError, FileNotFoundError) as error:
+        return error.strerror or str(error)
+    except OSError:
+        return None  # e.g. a directory: open succeeds in the loader, the read fails and stops it
+    if len(header) < 64 or header[:4] != b"\x7fELF":
+        return None
+    if header[4] == 1:  # the loader's "wrong ELF class": we only build for 64-bit machines
+        return "a 32-bit ELF file, not for this 64-bit machine"
+    if header[4] != 2:
+        return f"unknown ELF class/byte order ({header[4]}/{header[5]})"
+    if header[5] != 1 or machine is None:  # a big-endian file stops the loader
+        return None
+    found = int.from_bytes(header[18:20], "little")
+    return f"built for machine {found}, not this one" if found != machine else None
 
 
 def search_order(
@@ -122,11 +149,14 @@ def resolve_library(
     skipped: list[str] = []
     first_found: tuple[str, str] | None = None
     for path, how in search_order(name, environ, root, cwd or os.getcwd(), machine):
+        if how == "LD_LIBRARY_PATH" and "$" in path:  # $ORIGIN, $LIB, $PLATFORM: the loader expands them
+            skipped.append(f"{os.path.dirname(path)}: the loader expands its $ token, the guard cannot")
+            break  # whatever follows, the guard cannot tell which file the loader takes
         if not os.path.exists(path):
             continue
-        verdict = _usable(path, elf_machine)
-        if isinstance(verdict, str):
-            skipped.append(f"{path}: {verdict}")
+        passed_over = _passes_over(path, elf_machine)
+        if passed_over is not None:
+            skipped.append(f"{path}: {passed_over}")
             continue
         first_found = (path, how)
         break
@@ -159,8 +189,35 @@ def _answering_mapped(name: str, mapped: tuple[str, ...], first_found: tuple[str
 
 
 def read_self_maps() -> str | None:
+    """/proc/self/maps, or without /proc (a sandbox, a chroot) the same lines for the loader's own list of
+    loaded objects; None if neither can be read."""
     try:
         with open("/proc/self/maps") as file:
             return file.read()
     except OSError:
+        return _loaded_objects_as_maps()
+
+
+def _loaded_objects_as_maps() -> str | None:
+    """One maps-style line per object the dynamic loader has loaded (dl_iterate_phdr: passive, loads
+    nothing), for mapped_files()."""
+    import ctypes
+
+    class _Info(ctypes.Structure):  # the leading fields of struct dl_phdr_info
+        _fields_ = [("addr", ctypes.c_size_t), ("name", ctypes.c_char_p)]
+
+    names: list[bytes] = []
+    callback_type = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(_Info), ctypes.c_size_t, ctypes.c_void_p)
+
+    def collect(info, size, data):  # type: ignore[no-untyped-def]
+        names.append(info.contents.name or b"")
+        return 0
+
+    try:
+        iterate = ctypes.CDLL(None).dl_iterate_phdr
+        iterate.argtypes = [callback_type, ctypes.c_void_p]
+        iterate(callback_type(collect), None)
+    except (OSError, AttributeError):
         return None
+    paths = [os.fsdecode(name) for name in names if name.startswith(b"/")]
+    return "".join(f"0-0 r--p 00000000 00:00 0 {path}\n" for path in paths)

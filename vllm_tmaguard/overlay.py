@@ -5,10 +5,12 @@ cuLaunchKernelEx) find the layer's hooked functions and the added ones."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import tempfile
 
+from . import trust
 from .libraries import overlay_path
 
 # Same constants as setup.py: the DT_NEEDED placeholder (also kept in .rodata) the layer's path replaces.
@@ -35,18 +37,36 @@ def overlay_image(groups: frozenset[str], layer_path: str) -> bytes:
 
 def write_private(image: bytes, directory: str) -> str:
     """Writes the image as <directory>/<hash>/libcuda.so.1 (directories 0700, content-addressed so that a
-    process's workers share one file), atomically. Returns its path."""
+    process's workers share one file), atomically, unless that file already holds exactly the image.
+    Returns its real path, checked (trust.py); raises OSError (UntrustedPath included) otherwise."""
     digest = hashlib.sha256(image).hexdigest()[:16]
     target_dir = os.path.join(directory, f"overlay-{digest}")
-    os.makedirs(target_dir, mode=0o700, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(target_dir, 0o700)
+    problem = trust.path_problem(target_dir, private=True)
+    if problem is not None:
+        raise trust.UntrustedPath(target_dir, problem)
     path = os.path.join(target_dir, "libcuda.so.1")
-    if not os.path.exists(path):
+    if not _holds(path, image):
         fd, temporary = tempfile.mkstemp(dir=target_dir, prefix=".libcuda.")
-        with os.fdopen(fd, "wb") as file:
-            file.write(image)
-        os.chmod(temporary, 0o500)
-        os.replace(temporary, path)
-    return path
+        try:
+            with os.fdopen(fd, "wb") as file:
+                file.write(image)
+            os.chmod(temporary, 0o500)
+            os.replace(temporary, path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+            raise
+    return trust.trusted_file(path)
+
+
+def _holds(path: str, image: bytes) -> bool:
+    try:
+        with open(path, "rb") as file:
+            return file.read(len(image) + 1) == image
+    except OSError:
+        return False
 
 
 _memfds: list[int] = []  # kept open for the process's lifetime: the loader maps the file through it
@@ -60,10 +80,13 @@ def write_memfd(image: bytes) -> str:
     return f"/proc/self/fd/{fd}"
 
 
-def install(groups: frozenset[str], layer_path: str, directory: str) -> str:
-    """The overlay's file for this layer, in a private directory, else in memory."""
+def install(groups: frozenset[str], layer_path: str, directory: str | None) -> str:
+    """The overlay's file for this layer, in `directory` (the guard's, from trust.private_dir; write_private
+    checks again what it creates there), else in memory (also when `directory` is None). Raises
+    UntrustedPath when the package's own variant is not trusted."""
+    trust.trusted_file(overlay_path(groups))
     image = overlay_image(groups, layer_path)
-    try:
-        return write_private(image, directory)
-    except OSError:
-        return write_memfd(image)
+    if directory is not None:
+        with contextlib.suppress(OSError):
+            return write_private(image, directory)
+    return write_memfd(image)

@@ -3,6 +3,7 @@ in vLLM's style (or JSON) and written where `tmaguard doctor` reads it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -16,6 +17,7 @@ from .actions import Outcome
 from .decision import HANDLE_SCOPED, Decision
 from .facts import Facts
 from .routing import Routing
+from .trust import redact
 
 logger = logging.getLogger("vllm_tmaguard")
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
@@ -27,9 +29,10 @@ _DATE_FORMAT = "%m-%d %H:%M:%S"
 def build_record(
     facts: Facts, decision: Decision, outcome: Outcome, mode: str, elapsed_ms: float
 ) -> dict[str, Any]:
+    """The record, secrets redacted (trust.py): it is logged and written to disk."""
     driver = facts.driver
     missing = {s: list(m) for s, m in facts.vllm.needs().items() if driver.info and not driver.exports(s)}
-    return {
+    record = {
         "tmaguard": __version__,
         "pid": os.getpid(),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -82,6 +85,7 @@ def build_record(
         "failed": list(outcome.failed),
         "elapsed_ms": round(elapsed_ms, 2),
     }
+    return redact(record)
 
 
 def _routing_record(routing: Routing | None) -> dict[str, Any] | None:
@@ -156,22 +160,29 @@ def _ensure_handler() -> None:
 
 def log_line(level: str, message: str) -> None:
     _ensure_handler()
-    logger.log(_LEVELS[level], message, stacklevel=2)
+    logger.log(_LEVELS[level], redact(message), stacklevel=2)
 
 
 def emit(record: dict[str, Any], level: str, log_format: str) -> None:
-    log_line(level, json.dumps(record, sort_keys=False) if log_format == "json" else render_text(record))
+    """Logs a record from build_record (already redacted)."""
+    _ensure_handler()
+    text = json.dumps(record, sort_keys=False) if log_format == "json" else render_text(record)
+    logger.log(_LEVELS[level], text)
 
 
 def write_record(record: dict[str, Any], record_dir: str) -> str | None:
     """Atomically replaces <record_dir>/last.json; returns its path, or None if the directory is unusable."""
+    temporary = None
     try:
         os.makedirs(record_dir, mode=0o700, exist_ok=True)
         fd, temporary = tempfile.mkstemp(dir=record_dir, prefix=".last.", suffix=".json")
         with os.fdopen(fd, "w") as file:
-            json.dump(record, file, indent=1)
+            json.dump(record, file, indent=1)  # from build_record: already redacted
         path = os.path.join(record_dir, "last.json")
         os.replace(temporary, path)
         return path
     except OSError:
+        if temporary is not None:  # a full disk: leave no partial file behind
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
         return None

@@ -1,0 +1,376 @@
+"""The guard never widens access (issue 8, docs/SECURITY.md): it loads code only from paths that nobody but
+root and this user can change, keeps its runtime files in a directory that is this user's alone, lets no
+toggle point it at a file to load, and keeps the environment's secrets out of what it prints and writes.
+
+Tests that need a file owned by another user chown it to `nobody` and run only as root; the mode-based
+ones run as any user."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from podkit import build_pod, scrubbed_environ
+from test_reliability import RESOLVE, UNDEFINED, Child, collect_all, run_modes
+
+from vllm_tmaguard import trust
+from vllm_tmaguard.overlay import overlay_image
+from vllm_tmaguard.toggles import TOGGLES
+
+NOBODY = 65534
+
+
+def as_root(test):  # type: ignore[no-untyped-def]
+    """Tests that chown files to another user: they need root (CI runs as root) and fail loudly without."""
+
+    @functools.wraps(test)
+    def run(*args, **kwargs):  # type: ignore[no-untyped-def]
+        assert os.geteuid() == 0, "this test chowns files to another user: run the suite as root"
+        return test(*args, **kwargs)
+
+    return run
+
+
+VCUDA_GROUPS = frozenset({"encoders", "proc-address", "launch-ex"})
+GUARD_DIR = Path(trust.__file__).parent
+
+
+def _mapped(stdout: str) -> list[str]:
+    return json.loads(stdout.split("MAPPED ", 1)[1].splitlines()[0])
+
+
+# Prints every mapped file whose path mentions libcuda or tmaguard, after vLLM's platform import.
+RESOLVE_AND_MAPS = RESOLVE + (
+    "\nmaps = open('/proc/self/maps').read().splitlines()"
+    "\nprint('MAPPED ' + json.dumps(sorted({l.split(None, 5)[-1] for l in maps"
+    " if len(l.split()) == 6 and ('libcuda' in l or 'tmaguard' in l or 'memfd:' in l)})))"
+)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Path trust, in-process
+
+
+def test_trusted_paths(tmp_path: Path) -> None:
+    safe = tmp_path / "safe"
+    safe.mkdir(mode=0o755)
+    library = safe / "lib.so"
+    library.write_bytes(b"x")
+    library.chmod(0o755)
+    assert trust.path_problem(str(library)) is None
+    assert trust.trusted_file(str(library)) == str(library.resolve())
+
+    library.chmod(0o775)
+    assert "lib.so is writable by group (mode 0775)" in trust.path_problem(str(library))
+    library.chmod(0o755)
+    safe.chmod(0o777)
+    assert f"{safe} is writable by group and others (mode 0777)" in trust.path_problem(str(library))
+    safe.chmod(0o1777)  # a sticky directory, like /tmp: nobody else can replace what is in it
+    assert trust.path_problem(str(library)) is None
+    safe.chmod(0o755)
+
+    link = tmp_path / "link.so"
+    link.symlink_to(library)
+    assert trust.trusted_file(str(link)) == str(library.resolve())  # the real path is what gets loaded
+    with pytest.raises(trust.UntrustedPath, match="writable by group and others"):
+        library.chmod(0o777)
+        trust.trusted_file(str(link))
+    with pytest.raises(FileNotFoundError):
+        trust.trusted_file(str(tmp_path / "missing.so"))
+
+
+@as_root
+def test_paths_owned_by_another_user_are_not_trusted(tmp_path: Path) -> None:
+    directory = tmp_path / "theirs"
+    directory.mkdir(mode=0o755)
+    library = directory / "lib.so"
+    library.write_bytes(b"x")
+    os.chown(library, NOBODY, NOBODY)
+    assert f"lib.so is owned by uid {NOBODY}, not by root or this user" in trust.path_problem(str(library))
+    os.chown(library, 0, 0)
+    os.chown(directory, NOBODY, NOBODY)
+    assert f"{directory} is owned by uid {NOBODY}" in trust.path_problem(str(library))
+    # A link that someone else planted in a sticky directory (/tmp) to a file of ours is theirs.
+    sticky = tmp_path / "sticky"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    os.chown(directory, 0, 0)
+    planted = sticky / "lib.so"
+    planted.symlink_to(library)
+    os.lchown(planted, NOBODY, NOBODY)
+    assert f"{planted} is owned by uid {NOBODY}" in trust.path_problem(str(planted))
+
+
+def test_private_directories_are_created_0700_with_their_parents(tmp_path: Path) -> None:
+    previous = os.umask(0)  # even with a permissive umask
+    try:
+        real, problem = trust.private_dir(str(tmp_path / "a" / "b" / "records"))
+    finally:
+        os.umask(previous)
+    assert problem is None and real == str(tmp_path / "a" / "b" / "records")
+    for directory in ("a", "a/b", "a/b/records"):
+        assert stat.S_IMODE((tmp_path / directory).stat().st_mode) == 0o700
+    assert trust.private_dir("relative/records") == (None, "'relative/records' is not an absolute path")
+
+
+@pytest.mark.parametrize("mode", [0o755, 0o750, 0o777, 0o1777])
+def test_an_existing_directory_that_is_not_private_is_refused(tmp_path: Path, mode: int) -> None:
+    directory = tmp_path / "records"
+    directory.mkdir()
+    directory.chmod(mode)
+    real, problem = trust.private_dir(str(directory))
+    assert real is None and ("not private to this user" in problem or "writable by" in problem)
+    assert stat.S_IMODE(directory.stat().st_mode) == mode  # refused, not repaired
+
+
+@as_root
+def test_an_existing_directory_of_another_user_is_refused(tmp_path: Path) -> None:
+    directory = tmp_path / "records"
+    directory.mkdir(mode=0o700)
+    os.chown(directory, NOBODY, NOBODY)
+    real, problem = trust.private_dir(str(directory))
+    assert real is None and f"owned by uid {NOBODY}" in problem
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The package's libraries and the overlay's file, end to end
+
+
+def _guard_copy(base: Path) -> tuple[Path, Path]:
+    top = base / "guard-copy"
+    shutil.copytree(GUARD_DIR, top / "vllm_tmaguard", ignore=shutil.ignore_patterns("__pycache__"))
+    return top, top / "vllm_tmaguard" / "lib"
+
+
+@pytest.mark.parametrize("weakness", ["world-writable directory", "group-writable file", "other owner"])
+def test_untrusted_package_libraries_are_refused(pods, tmp_path: Path, weakness: str) -> None:
+    """The package's libraries where someone else could have replaced them: the guard loads none of them,
+    and vLLM behaves exactly as without the guard; the line says why. Strict mode stops with the cause."""
+    assert weakness != "other owner" or os.geteuid() == 0, "chown to another user needs root"
+    top, lib = _guard_copy(tmp_path)
+    if weakness == "world-writable directory":
+        lib.chmod(0o777)
+        why = f"refused: {lib} is writable by group and others (mode 0777)"
+    elif weakness == "group-writable file":
+        for library in lib.glob("*.so"):
+            library.chmod(0o775)
+        why = "libtmaguard_encoders.so is writable by group (mode 0775)"
+    else:
+        for library in lib.glob("*.so"):
+            os.chown(library, NOBODY, NOBODY)
+        why = f"libtmaguard_encoders.so is owned by uid {NOBODY}"
+    runs = run_modes(pods("vcuda"), tmp_path / "runs", {"PYTHONPATH": str(top)})
+    assert runs["off"].outcome["error"].endswith(UNDEFINED)
+    assert runs["guard"].outcome == runs["off"].outcome
+    line = runs["guard"].line()
+    assert "FAILED: could not load the overlay: refused: " in line and why in line
+    assert "loaded " not in line
+    assert runs["strict"].returncode == 1 and why in runs["strict"].stderr
+
+
+def _planted_overlay(records: Path, layer: Path) -> Path:
+    """Where the guard would put its overlay for this layer, with something else already there."""
+    digest = hashlib.sha256(overlay_image(VCUDA_GROUPS, str(layer))).hexdigest()[:16]
+    planted = records / f"overlay-{digest}" / "libcuda.so.1"
+    planted.parent.mkdir(parents=True)
+    planted.write_bytes(layer.read_bytes())  # a real library: loading it would "work"
+    return planted
+
+
+@pytest.mark.parametrize("weakness", ["mode 0755", "mode 0777", "other owner"])
+def test_a_record_directory_that_is_not_ours_alone_is_refused(pods, tmp_path: Path, weakness: str) -> None:
+    """TMAGUARD_RECORD_DIR exists but someone else could write to it (or owns it), and a library waits at
+    the exact path of the overlay's file. The guard writes nothing there and loads nothing from there: the
+    overlay is kept in memory, vLLM starts, the line names the directory."""
+    assert weakness != "other owner" or os.geteuid() == 0, "chown to another user needs root"
+    pod = pods("vcuda")
+    records = tmp_path / "records"
+    records.mkdir()
+    planted = _planted_overlay(records, pod.lib_dir / "libcuda.so.1")
+    if weakness == "other owner":
+        records.chmod(0o700)
+        for path in (records, planted.parent, planted):
+            os.chown(path, NOBODY, NOBODY)
+    else:
+        records.chmod(0o755 if weakness == "mode 0755" else 0o777)
+    before = sorted(p.name for p in records.iterdir())
+    run = Child(pod, RESOLVE_AND_MAPS, tmp_path / "run", record_dir=records).collect(240)
+    assert run.outcome == {"platform": "NvmlCudaPlatform"}
+    line = run.line()
+    assert "loaded the overlay /proc/self/fd/" in line and f"TMAGUARD_RECORD_DIR unusable: {records}" in line
+    assert str(planted) not in _mapped(run.stdout)
+    assert sorted(p.name for p in records.iterdir()) == before  # no last.json, no scan cache, no overlay
+
+
+def test_a_stale_overlay_file_in_our_directory_is_replaced(pods, tmp_path: Path) -> None:
+    """The overlay's file exists in our private directory but does not hold the overlay (an older build, a
+    bad disk): the guard writes the right image in its place before loading it."""
+    pod = pods("vcuda")
+    records = tmp_path / "records"
+    records.mkdir(mode=0o700)
+    layer = pod.lib_dir / "libcuda.so.1"
+    planted = _planted_overlay(records, layer)
+    planted.parent.chmod(0o700)
+    planted.chmod(0o500)
+    run = Child(pod, RESOLVE_AND_MAPS, tmp_path / "run", record_dir=records).collect(240)
+    assert run.outcome == {"platform": "NvmlCudaPlatform"}
+    assert planted.read_bytes() == overlay_image(VCUDA_GROUPS, str(layer))
+    assert str(planted) in _mapped(run.stdout) and f"loaded the overlay {planted}" in run.line()
+
+
+def test_tmaguard_root_never_makes_the_guard_load_a_file(tmp_path: Path, standins) -> None:
+    """TMAGUARD_ROOT points the probes at another tree. A libcuda.so.1 found there (its default
+    directories), where this process's loader never looks, must not become the overlay's dependency:
+    vLLM fails exactly as without the guard, and nothing under that root named libcuda is mapped."""
+    pod = build_pod(tmp_path, "vcuda")
+    hidden = pod.root / "lib64"
+    hidden.mkdir()
+    for name in ("libcuda.so.1", "libcuda-control.so", pod.real_driver.name):
+        shutil.move(pod.lib_dir / name, hidden / name)  # only NVML stays on LD_LIBRARY_PATH
+    children = {
+        mode: Child(pod, RESOLVE_AND_MAPS, tmp_path / mode, env)
+        for mode, env in (("off", {"TMAGUARD_MODE": "off"}), ("guard", {}))
+    }
+    runs = collect_all(children, 240)
+    assert "libcuda.so.1: cannot open shared object file" in runs["off"].outcome["error"]
+    assert runs["guard"].outcome == runs["off"].outcome
+    line = runs["guard"].line()
+    assert f"libcuda.so.1 ({hidden}/libcuda.so.1) was found under TMAGUARD_ROOT={pod.root}" in line
+    assert [m for m in _mapped(runs["guard"].stdout) if m.startswith(str(pod.root)) and "libcuda" in m] == []
+
+
+# What each toggle can do to the files the guard loads or writes. A new toggle fails this test until it is
+# added here, after a look at whether it lets an environment variable point the guard at code to load.
+TOGGLE_AUDIT = {
+    "TMAGUARD_MODE": "chooses whether anything is loaded; never what",
+    "TMAGUARD_STRICT": "stops start-up; loads nothing",
+    "TMAGUARD_GEMM": "routes vLLM's kernels through vLLM's own knobs; loads nothing",
+    "TMAGUARD_OVERLAY": "chooses the overlay or the shims, both from the package's trusted directory",
+    "TMAGUARD_LOG_FORMAT": "formats the line",
+    "TMAGUARD_ROOT": "probes only: a libcuda.so.1 found under it is never loaded (guard.py, trust.py)",
+    "TMAGUARD_RECORD_DIR": "where the overlay's file is written and loaded from: used only when it is this "
+    "user's alone (0700, no one else can change its path), else the overlay stays in memory",
+}
+
+
+def test_every_toggle_is_audited() -> None:
+    assert {spec.name for spec in TOGGLES} == set(TOGGLE_AUDIT)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Secrets
+
+
+def test_redaction_rules() -> None:
+    environ = {
+        "HF_TOKEN": "hf_" + "a" * 34,
+        "OPENAI_API_KEY": "sk-proj-0123456789abcdefghij",
+        "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+        "DB_PASSWORD": "correct horse battery",
+        "MY_SIGNING_KEY": "k3y-value-123",
+        "SOME_SETTING": "Bearer abcdefghijklmnop",  # any variable whose value is a bearer token
+        "TOKENIZERS_PARALLELISM": "false-but-longer",  # not a credential
+        "SHORT_TOKEN": "1",  # too short to look for
+        "SSH_AUTH_SOCK": "/tmp/ssh-agent.sock",
+        "PWD": "/workspace/models",
+    }
+    assert trust.secret_values(environ) == {
+        environ[name]: name
+        for name in (
+            "HF_TOKEN",
+            "OPENAI_API_KEY",
+            "AWS_SECRET_ACCESS_KEY",
+            "DB_PASSWORD",
+            "MY_SIGNING_KEY",
+            "SOME_SETTING",
+        )
+    }
+    text = (
+        f"path /pods/{environ['DB_PASSWORD']}/lib, key {environ['AWS_SECRET_ACCESS_KEY']}, "
+        "proxy http://alice:s3cret@proxy:3128, "
+        "header Authorization: Bearer eyJhbGciOiJI.eyJzdWIiOiIx.c2lnbmF0dXJl, "
+        "github ghp_0123456789abcdefghijABCDEFGHIJ, aws AKIAIOSFODNN7EXAMPLE, model /workspace/models"
+    )
+    redacted = trust.redact({"list": [text], "n": 3, "none": None}, environ)
+    out = redacted["list"][0]
+    for secret in (
+        "correct horse battery",
+        "wJalrXUtnFEMI",
+        "s3cret",
+        "eyJhbGciOiJI",
+        "ghp_0123",
+        "AKIAIOSFODNN7",
+    ):
+        assert secret not in out
+    assert "<redacted $DB_PASSWORD>" in out and "<redacted $AWS_SECRET_ACCESS_KEY>" in out
+    assert "proxy http://<redacted>@proxy:3128" in out
+    assert "/workspace/models" in out and redacted["n"] == 3 and redacted["none"] is None
+
+
+SECRET = "hf_" + "Zq9" * 12  # a Hugging Face token's shape
+
+
+def _secret_env() -> dict[str, str]:
+    return {
+        "HF_TOKEN": SECRET,
+        "OPENAI_API_KEY": "sk-" + "x1" * 16,
+        "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+        "HTTPS_PROXY": "http://alice:pa55word@proxy.example:3128",
+        "VLLM_TEST_PLAIN_SETTING": "plain-setting-value-42",  # not a secret: shows the env is not dumped
+    }
+
+
+def _assert_clean(text: str) -> None:
+    for value in (SECRET, "x1x1x1x1", "wJalrXUtnFEMI", "pa55word", "plain-setting-value-42"):
+        assert value not in text, f"{value!r} leaked"
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_record_and_line_carry_no_secret(tmp_path: Path, standins, log_format: str) -> None:
+    """A pod whose path contains the HF token's value (so the record quotes it), the usual credentials in
+    the environment: the line and last.json show `<redacted $HF_TOKEN>` instead, and no other value of the
+    environment appears (the record never includes the environment)."""
+    pod = build_pod(tmp_path / SECRET, "vcuda")
+    env = {**_secret_env(), "TMAGUARD_LOG_FORMAT": log_format}
+    run = Child(pod, RESOLVE, tmp_path / "run", env).collect(240)
+    assert run.outcome == {"platform": "NvmlCudaPlatform"}
+    line = run.line()
+    written = (run.record_dir / "last.json").read_text()
+    for text in (line, written, run.stderr):
+        _assert_clean(text)
+    assert "<redacted $HF_TOKEN>" in line and "<redacted $HF_TOKEN>" in written
+
+
+def test_error_lines_carry_no_secret(tmp_path: Path) -> None:
+    """A toggle set to a bearer token by mistake: the error line quotes the value, redacted."""
+    code = "from vllm_tmaguard.guard import activate\nactivate('test')"
+    env = {**scrubbed_environ(), "TMAGUARD_MODE": "Bearer abcdefghijklmnopqrstuvwxyz012345"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert "TMAGUARD_MODE='<redacted" in done.stdout and "is not valid" in done.stdout
+    assert "abcdefghijklmnop" not in done.stdout + done.stderr
+
+
+def test_doctor_output_carries_no_secret(tmp_path: Path, standins) -> None:
+    pod = build_pod(tmp_path / SECRET, "vcuda")
+    env = {**scrubbed_environ(), **pod.env, **_secret_env(), "TMAGUARD_RECORD_DIR": str(tmp_path / "records")}
+    env["COLUMNS"] = "1000"  # no folding: a folded secret would slip past the check
+    for args in (["--json"], []):
+        done = subprocess.run(
+            [sys.executable, "-m", "vllm_tmaguard", "doctor", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=tmp_path,
+        )
+        assert "Traceback" not in done.stderr
+        _assert_clean(done.stdout + done.stderr)
+        assert "<redacted $HF_TOKEN>" in done.stdout

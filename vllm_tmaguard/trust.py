@@ -1,0 +1,249 @@
+"""What the guard trusts (docs/SECURITY.md): the files it loads code from, the directory it writes its
+runtime files to, and what may appear in what it prints.
+
+Path trust: a library is loaded only when every component of its real path is owned by root or by this
+process's effective user and is not writable by group or others (a directory with the sticky bit, like
+/tmp, may be world-writable: nobody else can rename or replace its entries there). The guard's runtime
+directory must in addition be this user's and private (0700). The real path is returned and loaded, so a
+symbolic link cannot be swapped between the check and the load.
+
+Redaction: values of environment variables whose names look like credentials (HF_TOKEN, *_API_KEY,
+AWS_SECRET_ACCESS_KEY, ...) and anything shaped like a bearer token or URL credentials are replaced before
+a record, a log line or a doctor report leaves the process."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import functools
+import json
+import os
+import re
+import stat
+from collections.abc import Mapping
+from typing import Any
+
+
+class UntrustedPath(OSError):
+    """A path the guard refuses to load code from or write its runtime files to (an OSError, so callers'
+    load-failure handling covers it)."""
+
+    def __init__(self, path: str, why: str) -> None:
+        self.path, self.why = path, why
+        super().__init__(f"refused: {why}")
+
+
+def _components(real: str) -> list[str]:
+    """'/a/b/c' -> ['/', '/a', '/a/b', '/a/b/c']."""
+    parts, current = ["/"], "/"
+    for name in real.strip("/").split("/"):
+        if name:
+            current = os.path.join(current, name)
+            parts.append(current)
+    return parts
+
+
+def path_problem(path: str, private: bool = False, _links: int = 0) -> str | None:
+    """Why `path` is not trusted (None: it is). Every component is checked as written and, through each
+    symbolic link, as resolved (a link counts as its owner's: in /tmp anyone can plant one). `private`:
+    the last component must also be owned by this user and closed to group and others (mode 0700)."""
+    if _links > 40:
+        return f"{path}: too many levels of symbolic links"
+    euid = os.geteuid()
+    written = os.path.abspath(path)
+    for component in _components(written):
+        try:
+            info = os.lstat(component)
+        except OSError as error:
+            return f"{component}: {error.strerror or error}"
+        mode, last = info.st_mode, component == written
+        if info.st_uid not in (0, euid):
+            return f"{component} is owned by uid {info.st_uid}, not by root or this user (uid {euid})"
+        if stat.S_ISLNK(mode):
+            problem = path_problem(os.path.realpath(component), private and last, _links + 1)
+            if problem is not None:
+                return f"{component} -> {problem}"
+            continue
+        sticky_dir = stat.S_ISDIR(mode) and mode & stat.S_ISVTX and not last
+        if mode & 0o022 and not sticky_dir:
+            who = " and ".join(w for w, bit in (("group", 0o020), ("others", 0o002)) if mode & bit)
+            return f"{component} is writable by {who} (mode {stat.S_IMODE(mode):04o})"
+        if last and private and (info.st_uid != euid or mode & 0o077):
+            return (
+                f"{component} is not private to this user (owner uid {info.st_uid}, mode "
+                f"{stat.S_IMODE(mode):04o}; needs uid {euid}, mode 0700)"
+            )
+    return None
+
+
+def trusted_file(path: str) -> str:
+    """The real path of `path` if code may be loaded from it; raises UntrustedPath otherwise (and
+    FileNotFoundError when there is no such file)."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+    problem = path_problem(path)
+    if problem is not None:
+        raise UntrustedPath(path, problem)
+    return os.path.realpath(path)
+
+
+def private_dir(path: str) -> tuple[str | None, str | None]:
+    """(real path, None) of a directory that is this user's alone, created 0700 (missing parents too) if
+    absent; (None, why) when it cannot be created or is not private. An existing directory with another
+    owner or a wider mode is refused, not repaired: someone else may already have put files in it."""
+    if not os.path.isabs(path):
+        return None, f"{path!r} is not an absolute path"
+    try:
+        _make_private(path)
+    except OSError as error:
+        return None, f"cannot create {path}: {error.strerror or error}"
+    problem = path_problem(path, private=True)
+    return (None, problem) if problem else (os.path.realpath(path), None)
+
+
+def _make_private(path: str) -> None:
+    """mkdir -p with mode 0700 for every directory it creates (os.makedirs gives parents 0777 & ~umask)."""
+    missing = []
+    current = path
+    while not os.path.lexists(current):
+        missing.append(current)
+        parent = os.path.dirname(current)
+        if parent == current:
+            break
+        current = parent
+    for directory in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # created concurrently: checked like any other
+            os.mkdir(directory, 0o700)
+
+
+def probe_root_problem(root: str, how: str, path: str | None) -> str | None:
+    """Why nothing may be loaded for a libcuda.so.1 found through TMAGUARD_ROOT (None: it was not).
+    TMAGUARD_ROOT points the file probes at another tree (tests, a pod's files seen from outside); what
+    this process's own loader finds is never under it, so a toggle cannot make the guard load a file."""
+    if root in ("", "/") or how not in ("ld.so.cache", "default directories"):
+        return None
+    return (
+        f"libcuda.so.1 ({path}) was found under TMAGUARD_ROOT={root} ({how}), not where this process's "
+        "loader looks: the guard loads nothing for it"
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Secrets
+
+REDACTED = "<redacted>"
+_MIN_SECRET = 8  # shorter values ("1", "true") are not looked for: they would blank out ordinary text
+# Names that say "credential": one of these words between underscores, or a last word KEY(S).
+_SECRET_WORDS = frozenset(
+    [
+        "TOKEN",
+        "TOKENS",
+        "SECRET",
+        "SECRETS",
+        "PASSWORD",
+        "PASSWD",
+        "PASSPHRASE",
+        "APIKEY",
+        "CREDENTIAL",
+        "CREDENTIALS",
+        "AUTH",
+        "AUTHORIZATION",
+        "COOKIE",
+        "PRIVATE",
+    ]
+)
+# Shapes of credentials, wherever they appear, each with the literals one of which it must contain: a text
+# without any costs a few substring tests, and a pattern is compiled only once a text needs it (compiling
+# them all would cost the guard a millisecond at import).
+_SHAPES = (
+    (("earer",), r"[Bb]earer\s+[A-Za-z0-9._~+/=-]{8,}"),  # HTTP Authorization values
+    (("Basic",), r"Basic\s+[A-Za-z0-9+/=]{8,}"),
+    (("hf_",), r"hf_[A-Za-z0-9]{20,}"),  # Hugging Face
+    (("sk-",), r"sk-[A-Za-z0-9_-]{20,}"),  # OpenAI-style
+    (("ghp_", "gho_", "ghs_", "ghr_", "ghu_"), r"gh[opsru]_[A-Za-z0-9]{20,}"),  # GitHub
+    (("github_pat_",), r"github_pat_[A-Za-z0-9_]{20,}"),
+    (("glpat-",), r"glpat-[A-Za-z0-9_-]{20,}"),  # GitLab
+    (("AKIA", "ASIA"), r"(?:AKIA|ASIA)[0-9A-Z]{16}"),  # AWS access key id
+    (("xox",), r"xox[abprs]-[A-Za-z0-9-]{10,}"),  # Slack
+    (("eyJ",), r"eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"),  # JWT
+    (("://",), r"(?<=://)[^/\s:@\"]+:[^/\s@\"]+(?=@)"),  # user:password@ in URLs
+)
+
+
+@functools.cache
+def _compiled(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern)
+
+
+_TRIGGERS = tuple((trigger, pattern) for triggers, pattern in _SHAPES for trigger in triggers)
+
+
+def _shapes_in(text: str) -> list[re.Pattern[str]]:
+    """The credential shapes worth looking for in `text` (usually none)."""
+    return [_compiled(pattern) for trigger, pattern in _TRIGGERS if trigger in text]
+
+
+def secret_name(name: str) -> bool:
+    """Whether an environment variable's name says it holds a credential."""
+    upper = name.upper()
+    if upper.endswith("_SOCK") or upper == "PWD":  # SSH_AUTH_SOCK, the working directory
+        return False
+    words = upper.split("_")
+    return words[-1] in ("KEY", "KEYS") or "API_KEY" in upper or not _SECRET_WORDS.isdisjoint(words)
+
+
+def _shaped(value: str) -> bool:
+    return any(pattern.fullmatch(value) for pattern in _shapes_in(value))
+
+
+def secret_values(environ: Mapping[str, str]) -> dict[str, str]:
+    """{value: variable} for every variable whose name or value looks like a credential."""
+    candidates = [(name, value) for name, value in environ.items() if len(value) >= _MIN_SECRET]
+    shapes = bool(_shapes_in("\n".join(value for _, value in candidates)))  # usually none: one pass
+    found: dict[str, str] = {}
+    for name, value in candidates:
+        if secret_name(name) or (shapes and _shaped(value.strip())):
+            found.setdefault(value, name)
+    return found
+
+
+class Redactor:
+    """Replaces the environment's secrets and credential-shaped text in strings and JSON-like values."""
+
+    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+        values = secret_values(os.environ if environ is None else environ)
+        self._values = sorted(values.items(), key=lambda item: -len(item[0]))
+        # How each value appears inside JSON text (quotes and backslashes escaped), for the quick test.
+        self._escaped = [json.dumps(value, ensure_ascii=False)[1:-1] for value, _ in self._values]
+
+    def text(self, text: str) -> str:
+        for value, name in self._values:
+            if value in text:
+                text = text.replace(value, f"<redacted ${name}>")
+        for pattern in _shapes_in(text):
+            text = pattern.sub(REDACTED, text)
+        return text
+
+    def _hits(self, text: str) -> bool:
+        return any(v in text for v in self._escaped) or any(p.search(text) for p in _shapes_in(text))
+
+    def __call__(self, value: Any) -> Any:
+        if isinstance(value, str):
+            return self.text(value)
+        if not self._hits(json.dumps(value, ensure_ascii=False, default=str)):
+            return value  # the usual case: one serialisation and a few substring tests
+        return self._walk(value)
+
+    def _walk(self, value: Any) -> Any:
+        if isinstance(value, str):
+            return self.text(value)
+        if isinstance(value, dict):
+            return {self._walk(k) if isinstance(k, str) else k: self._walk(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return type(value)(self._walk(v) for v in value)
+        return value
+
+
+def redact(value: Any, environ: Mapping[str, str] | None = None) -> Any:
+    """`value` (a string, or dicts/lists of them) with the environment's secrets replaced."""
+    return Redactor(environ)(value)
