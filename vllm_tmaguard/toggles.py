@@ -64,7 +64,8 @@ TOGGLES: tuple[ToggleSpec, ...] = (
         "TMAGUARD_RECORD_DIR",
         (),
         "/tmp/tmaguard-<uid>",
-        "directory where the last record is written as last.json (read by `tmaguard doctor`)",
+        "directory for last.json (read by `tmaguard doctor`), the scan cache and the overlay's file; must be "
+        "this user's and private (0700), else refused: the overlay then stays in memory",
         kind="directory (created 0700)",
     ),
 )
