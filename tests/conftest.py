@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from podkit import DEFAULT_BUILD_DIR, Pod, build_pod, build_standins, scrubbed_environ
+from podkit import DEFAULT_BUILD_DIR, Pod, build_pod, build_standins, child_environ
 
 
 @dataclass(frozen=True)
@@ -70,12 +70,8 @@ def run_python(tmp_path: Path) -> Callable[..., Run]:
     """Runs `code` with this test environment's Python in a fresh process inside `pod`."""
 
     def run(pod: Pod | None, code: str, env: Mapping[str, str] | None = None, timeout: float = 300) -> Run:
-        child_env = scrubbed_environ()
         record_dir = tmp_path / "records"
-        child_env["TMAGUARD_RECORD_DIR"] = str(record_dir)
-        if pod is not None:
-            child_env.update(pod.env)
-        child_env.update(env or {})
+        child_env = child_environ(pod, record_dir, env)
         done = subprocess.run(
             [sys.executable, "-c", code],
             env=child_env,

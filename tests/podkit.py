@@ -57,6 +57,20 @@ def scrubbed_environ(extra_prefixes: tuple[str, ...] = ()) -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith(prefixes)}
 
 
+def child_environ(
+    pod: Pod | None,
+    record_dir: Path,
+    extra: Mapping[str, str] | None = None,
+    extra_prefixes: tuple[str, ...] = (),
+) -> dict[str, str]:
+    """The environment of a process run inside `pod`: scrubbed, its own record dir, the pod's variables."""
+    env = scrubbed_environ(extra_prefixes)
+    env["TMAGUARD_RECORD_DIR"] = str(record_dir)
+    env.update(pod.env if pod is not None else {})
+    env.update(extra or {})
+    return env
+
+
 @dataclass(frozen=True)
 class Pod:
     kind: str

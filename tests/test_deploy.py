@@ -353,13 +353,19 @@ def _write_executable(path: Path, text: str) -> None:
     path.chmod(0o755)
 
 
-@pytest.fixture
-def preflight(rendered, tmp_path):
-    """Runs the vcuda overlay's preflight.sh with stand-in `tmaguard` and `vllm` commands."""
+def _write_preflight(rendered, tmp_path: Path) -> Path:
+    """The vcuda overlay's preflight.sh, as the rendered ConfigMap carries it, written to a file."""
     script = tmp_path / "preflight.sh"
     script.write_text(
         find(rendered["overlays/vcuda"], "ConfigMap", "tmaguard-preflight")["data"]["preflight.sh"]
     )
+    return script
+
+
+@pytest.fixture
+def preflight(rendered, tmp_path):
+    """Runs the vcuda overlay's preflight.sh with stand-in `tmaguard` and `vllm` commands."""
+    script = _write_preflight(rendered, tmp_path)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     _write_executable(
@@ -479,10 +485,7 @@ def test_preflight_with_the_real_tmaguard_on_an_emulated_vcuda_pod(rendered, pod
     tmaguard = Path(sys.executable).parent / "tmaguard"
     assert tmaguard.exists(), "the package's console script is missing: run scripts/setup_env.sh"
     pod = pods("vcuda")
-    script = tmp_path / "preflight.sh"
-    script.write_text(
-        find(rendered["overlays/vcuda"], "ConfigMap", "tmaguard-preflight")["data"]["preflight.sh"]
-    )
+    script = _write_preflight(rendered, tmp_path)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     _write_executable(

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from podkit import scrubbed_environ
+from podkit import child_environ, scrubbed_environ
 
 from vllm_tmaguard import doctor as doctor_module
 from vllm_tmaguard.vllm_probe import find_package_dir
@@ -63,12 +63,8 @@ def doctor(tmp_path: Path) -> Callable[..., DoctorRun]:
         python: tuple[str, ...] = (sys.executable,),
         timeout: float = 120,
     ) -> DoctorRun:
-        child_env = scrubbed_environ(_PRINTING)
         record_dir = tmp_path / "records"
-        child_env["TMAGUARD_RECORD_DIR"] = str(record_dir)
-        if pod is not None:
-            child_env.update(pod.env)
-        child_env.update(env or {})
+        child_env = child_environ(pod, record_dir, env, _PRINTING)
         done = subprocess.run(
             [*python, "-m", "vllm_tmaguard", "doctor", *args],
             env=child_env,
