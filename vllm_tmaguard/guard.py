@@ -14,7 +14,7 @@ from .actions import Outcome, apply_routing, apply_supplies
 from .decision import decide
 from .facts import Facts, probe
 from .gpu import GpuFacts, probe_gpus
-from .record import build_record, emit, log_line, write_record
+from .record import build_record, emit, log_line, process_record_path, write_record
 from .toggles import ToggleError, parse_toggles, strict_requested
 from .trust import private_dir, probe_root_problem, redact
 
@@ -37,21 +37,48 @@ NVML_NOT_ASKED = GpuFacts(error="NVML not asked: it would load the unreadable li
 _lock = threading.Lock()
 _activated = False
 _record: dict[str, Any] | None = None
+_record_dir: str | None = None  # where the first activation wrote its record
+_log_format = "text"
 
 
 def activate(trigger: str) -> dict[str, Any] | None:
     """Runs the guard once per process; later calls (plugin after import hook, workers' second call) return
-    the first call's record."""
+    the first call's record. A forked child (vLLM's EngineCore and workers under the fork start method)
+    inherits the parent's libraries and knobs: its first call writes and logs its own record of that."""
     global _activated, _record
     with _lock:
         if _activated:
+            if _record is not None and _record["pid"] != os.getpid():
+                _record = _inherited(_record, trigger)
             return _record
         _activated = True
         _record = _run(trigger)
         return _record
 
 
+def _inherited(parent: dict[str, Any], trigger: str) -> dict[str, Any]:
+    """The record of a forked child: the parent's findings and actions, which it inherited, under its own
+    pid. Written and logged like a first activation's; fails open."""
+    record = {
+        **parent,
+        "pid": os.getpid(),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "trigger": f"{trigger} (forked from pid {parent['pid']}: inherits its libraries and knobs)",
+        "forked_from": parent["pid"],
+        "elapsed_ms": 0.0,
+    }
+    try:
+        if _record_dir is not None:
+            record["record_file"] = process_record_path(_record_dir, record["pid"])
+            write_record(record, _record_dir)
+        emit(record, "warning" if record["failed"] else "info", _log_format)
+    except Exception as error:  # the guard must never make start-up worse
+        log_line("warning", f"tmaguard: internal error recording a forked process: {error}")
+    return record
+
+
 def _run(trigger: str) -> dict[str, Any] | None:
+    global _record_dir, _log_format
     started = time.perf_counter()
     environ = os.environ
     try:
@@ -86,12 +113,15 @@ def _run(trigger: str) -> dict[str, Any] | None:
         if decision.level != "debug":  # no GPU and no libcuda.so.1: nothing the faults could matter to
             outcome += Outcome(failed=(*faults, *_probe_faults(facts)))
         record = build_record(facts, decision, outcome, toggles.mode, (time.perf_counter() - started) * 1e3)
+        if runtime_dir is not None:
+            record["record_file"] = process_record_path(runtime_dir, record["pid"])
         written = runtime_dir is None or write_record(record, runtime_dir) is not None
         if not written and decision.level != "debug":
             note = redact(f"could not write the record to {runtime_dir}")
             record["failed"].append(note)
             outcome += Outcome(failed=(note,))
         level = "warning" if outcome.failed else decision.level
+        _record_dir, _log_format = (runtime_dir if written else None), toggles.log_format
         emit(record, level, toggles.log_format)
     except Exception as error:  # the guard must never make start-up worse
         log_line(

@@ -170,19 +170,50 @@ def emit(record: dict[str, Any], level: str, log_format: str) -> None:
     logger.log(_LEVELS[level], text)
 
 
+PROCESS_RECORDS_KEPT = 64  # per-process records kept in the record directory, newest first
+
+
+def process_record_path(record_dir: str, pid: int) -> str:
+    return os.path.join(record_dir, f"process-{pid}.json")
+
+
 def write_record(record: dict[str, Any], record_dir: str) -> str | None:
-    """Atomically replaces <record_dir>/last.json; returns its path, or None if the directory is unusable."""
-    temporary = None
+    """Writes the process's own record (process-<pid>.json) and replaces last.json, each atomically; keeps
+    the newest PROCESS_RECORDS_KEPT process records. Returns the process record's path, or None if the
+    directory is unusable."""
     try:
         os.makedirs(record_dir, mode=0o700, exist_ok=True)
+        path = process_record_path(record_dir, record["pid"])
+        for target in (path, os.path.join(record_dir, "last.json")):
+            _write_atomically(record, record_dir, target)
+    except OSError:
+        return None
+    _prune_process_records(record_dir)
+    return path
+
+
+def _write_atomically(record: dict[str, Any], record_dir: str, target: str) -> None:
+    temporary = None
+    try:
         fd, temporary = tempfile.mkstemp(dir=record_dir, prefix=".last.", suffix=".json")
         with os.fdopen(fd, "w") as file:
             json.dump(record, file, indent=1)  # from build_record: already redacted
-        path = os.path.join(record_dir, "last.json")
-        os.replace(temporary, path)
-        return path
+        os.replace(temporary, target)
     except OSError:
         if temporary is not None:  # a full disk: leave no partial file behind
             with contextlib.suppress(OSError):
                 os.unlink(temporary)
-        return None
+        raise
+
+
+def _prune_process_records(record_dir: str) -> None:
+    with contextlib.suppress(OSError):
+        entries = [
+            e for e in os.scandir(record_dir) if e.name.startswith("process-") and e.name.endswith(".json")
+        ]
+        if len(entries) <= PROCESS_RECORDS_KEPT:
+            return
+        entries.sort(key=lambda e: e.stat(follow_symlinks=False).st_mtime, reverse=True)
+        for entry in entries[PROCESS_RECORDS_KEPT:]:
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)

@@ -1,0 +1,271 @@
+"""The end-to-end acceptance run on a Hopper machine: vLLM 0.25.1's OpenAI-compatible server, default engine
+settings (V1 EngineCore process, CUDA graphs, torch.compile), started from a fresh process tree in each pod,
+then a fixed prompt set (greedy, 64 tokens, token ids returned) and vLLM's own serving benchmark at several
+concurrencies. Each pod's results go to STATE/results/<pod>/summary.json, with the server log, every guard
+record of every process and the benchmark files.
+
+usage: serve_pods.py POD [POD ...]   (pods: see PODS; state in $E2E_STATE, default /tmp/e2e, made by
+setup.sh; the whole run of one call must end before the device's 10-minute limit)"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT))
+from vllm_tmaguard.loader import resolve_library  # noqa: E402
+
+STATE = Path(os.environ.get("E2E_STATE", "/tmp/e2e"))
+MODEL = STATE / "model"
+PYTHON = sys.executable
+READY_TIMEOUT_S = 420
+CONCURRENCY = {1: 24, 8: 96, 64: 384}  # concurrency: prompts
+ROUNDS = 1
+# Every pod's server runs at the same time on the one GPU, so that the benchmark can interleave them: a
+# fixed KV cache (skips vLLM's memory profiling, which other processes' allocations would disturb) and a
+# memory fraction that the servers' free-memory check at start-up leaves room for. ~7 GiB each.
+SHARED_GPU = ("--gpu-memory-utilization", "0.1", "--kv-cache-memory-bytes", str(4 << 30))
+INPUT_LEN, OUTPUT_LEN, MAX_TOKENS = 512, 128, 64
+
+# pod: (layer shape or None for the bare driver, extra environment, what it is)
+PODS = {
+    "a": (None, {}, "bare: the real driver"),
+    "b": ("upstream", {"TMAGUARD_MODE": "off"}, "emulated upstream vCUDA, guard off"),
+    "c": ("upstream", {}, "emulated upstream vCUDA, guard installed, nothing set"),
+    "d": ("network", {"LUPINE_SERVER": "10.0.0.1:9999"}, "network layer: no real encoder reachable"),
+    "e-latency": (None, {"TMAGUARD_GEMM": "latency"}, "bare, TMAGUARD_GEMM=latency"),
+    "e-portable": (None, {"TMAGUARD_GEMM": "portable"}, "bare, TMAGUARD_GEMM=portable"),
+    "a2": (None, {}, "bare again: the noise floor"),
+}
+
+
+def real_driver() -> str:
+    return os.path.realpath(resolve_library("libcuda.so.1", {}).path or "")
+
+
+def build_pod(name: str, shape: str | None) -> dict[str, str]:
+    """The pod's extra environment: its libcuda.so.1 directory and file-system root, for layer pods."""
+    if shape is None:
+        return {}
+    pod = STATE / f"pod-{shape}"
+    lib, root = pod / "lib", pod / "root"
+    if not (lib / "libcuda.so.1").exists():
+        lib.mkdir(parents=True, exist_ok=True)
+        real = real_driver()
+        if shape == "network":  # no driver file beside the layer: it opens one by its own absolute path
+            target = real
+        else:  # vCUDA: the real driver beside the layer
+            target = str(lib / os.path.basename(real))
+            os.symlink(real, target)
+            (root / "etc/vcuda").mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            [PYTHON, str(ROOT / "bench/device/make_layer.py"), target, str(lib / "libcuda.so.1"), shape],
+            check=True,
+        )
+        root.mkdir(parents=True, exist_ok=True)
+    return {"LD_LIBRARY_PATH": str(lib), "TMAGUARD_ROOT": str(root)}
+
+
+def base_environ() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TMAGUARD_", "VLLM_", "LD_"))}
+    env.update(
+        {
+            "PYTHONPATH": f"{STATE / 'site'}:{STATE / 'v25'}",
+            "PYTHONUNBUFFERED": "1",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            # FlashInfer (flashinfer-python, flashinfer-cubin: several hundred MB) is not carried: vLLM's
+            # own PyTorch top-k/top-p sampler instead (greedy decoding does not use either).
+            "VLLM_USE_FLASHINFER_SAMPLER": "0",
+            "DO_NOT_TRACK": "1",
+        }
+    )
+    return env
+
+
+def get(url: str, timeout: float = 2.0) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status
+    except Exception:
+        return 0
+
+
+def wait_ready(process: subprocess.Popen, port: int, started: float) -> float | None:
+    while time.monotonic() - started < READY_TIMEOUT_S:
+        if process.poll() is not None:
+            return None
+        if get(f"http://127.0.0.1:{port}/health") == 200:
+            return time.monotonic() - started
+        time.sleep(0.25)
+    return None
+
+
+def stop(process: subprocess.Popen) -> None:
+    """SIGTERM to the server's process group (API server, engine core, their helpers), SIGKILL after a
+    minute; returns once no process of the group is left, so the next pod finds the GPU free."""
+
+    def group_alive() -> bool:
+        try:
+            os.killpg(process.pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+
+    for sig, grace in ((signal.SIGTERM, 60), (signal.SIGKILL, 30)):
+        if group_alive():
+            os.killpg(process.pid, sig)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            process.poll()
+            if not group_alive():
+                return
+            time.sleep(0.5)
+
+
+def complete_prompts(port: int) -> list[dict]:
+    """The fixed prompts one at a time (the same batch shape in every pod), greedy, 64 tokens, ids back."""
+    sys.path.insert(0, str(STATE / "site"))
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", timeout=120)
+    outputs = []
+    for prompt in json.loads((MODEL / "prompts.json").read_text()):
+        response = client.completions.create(
+            model="tiny",
+            prompt=prompt,
+            max_tokens=MAX_TOKENS,
+            temperature=0,
+            extra_body={"return_token_ids": True, "ignore_eos": True},
+        )
+        choice = response.choices[0]
+        outputs.append({"text": choice.text, "token_ids": getattr(choice, "token_ids", None)})
+    return outputs
+
+
+BENCH_FIELDS = (
+    "completed", "duration", "output_throughput", "request_throughput",
+    "median_ttft_ms", "median_tpot_ms", "median_itl_ms", "p99_ttft_ms", "p99_tpot_ms",
+)  # fmt: skip
+
+
+def bench(port: int, out: Path, env: dict[str, str], concurrency: int, round_: int) -> dict:
+    """vLLM's own serving benchmark client, random dataset, fixed lengths, at one concurrency."""
+    name = f"bench-c{concurrency}-r{round_}.json"
+    command = [
+        PYTHON, "-m", "vllm.entrypoints.cli.main", "bench", "serve",
+        "--backend", "vllm", "--base-url", f"http://127.0.0.1:{port}", "--model", "tiny",
+        "--tokenizer", str(MODEL), "--dataset-name", "random",
+        "--random-input-len", str(INPUT_LEN), "--random-output-len", str(OUTPUT_LEN),
+        "--num-prompts", str(CONCURRENCY[concurrency]), "--max-concurrency", str(concurrency),
+        "--ignore-eos", "--seed", str(round_), "--num-warmups", str(min(concurrency, 8)), "--disable-tqdm",
+        "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
+        "--save-result", "--result-dir", str(out), "--result-filename", name,
+    ]  # fmt: skip
+    with open(out / name.replace(".json", ".log"), "w") as log:
+        done = subprocess.run(command, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=300)
+    if done.returncode != 0 or not (out / name).exists():
+        return {"error": f"bench exited {done.returncode}"}
+    raw = json.loads((out / name).read_text())
+    return {k: raw.get(k) for k in BENCH_FIELDS}
+
+
+KERNEL_LINES = re.compile(
+    r"Using \S+ for \S+LinearMethod|Using FlashAttention version \d|FLASH_ATTN|backend|"
+    r"Using \S+Kernel|illegal|undefined symbol|Error|Traceback|CUDA graph|torch.compile takes|"
+    r"Compiling a graph|init engine|Memory profiling|Available KV cache",
+    re.IGNORECASE,
+)
+
+
+class Server:
+    """One pod's `vllm serve`, in a process group of its own (a fresh process tree)."""
+
+    def __init__(self, name: str, port: int) -> None:
+        shape, extra, what = PODS[name]
+        self.name, self.port = name, port
+        self.out = STATE / "results" / name
+        shutil.rmtree(self.out, ignore_errors=True)
+        self.out.mkdir(parents=True)
+        pod_env = {**build_pod(name, shape), **extra}
+        env = {**base_environ(), **pod_env, "TMAGUARD_RECORD_DIR": str(self.out / "records")}
+        command = [
+            PYTHON, "-m", "vllm.entrypoints.cli.main", "serve", str(MODEL), "--served-model-name", "tiny",
+            "--port", str(port), "--seed", "0", *SHARED_GPU,
+        ]  # fmt: skip
+        self.summary: dict = {"pod": name, "what": what, "shape": shape, "env": pod_env}
+        self.summary["command"] = " ".join(command)
+        self.log = open(self.out / "server.log", "w")  # noqa: SIM115 - open while the server runs
+        self.started = time.monotonic()
+        self.process = subprocess.Popen(
+            command, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True, cwd=STATE
+        )
+
+    def wait_ready(self) -> bool:
+        self.summary["ready_s"] = wait_ready(self.process, self.port, self.started)
+        if self.summary["ready_s"] is None:
+            self.summary["exit_code"] = self.process.poll()
+        return self.summary["ready_s"] is not None
+
+    def finish(self) -> dict:
+        stop(self.process)
+        self.log.close()
+        text = (self.out / "server.log").read_text(errors="replace")
+        lines = text.splitlines()
+        self.summary["guard_lines"] = [line for line in lines if line.startswith("(tmaguard pid=")]
+        self.summary["log_lines"] = [line[:400] for line in lines if KERNEL_LINES.search(line)][:80]
+        self.summary["log_tail"] = lines[-25:]
+        records = self.out / "records"
+        files = sorted(records.glob("process-*.json")) if records.is_dir() else []
+        self.summary["records"] = [json.loads(p.read_text()) for p in files]
+        (self.out / "summary.json").write_text(json.dumps(self.summary, indent=1))
+        return self.summary
+
+
+def main() -> None:
+    """Starts every named pod's server at once, then, for the pods that became ready: the prompt set one
+    pod after another, and the benchmark interleaved (each concurrency runs on every pod before the next
+    concurrency), ROUNDS times, so that drift over the run falls on every pod alike."""
+    servers = []
+    for index, name in enumerate(sys.argv[1:]):
+        servers.append(Server(name, 8100 + index))
+        time.sleep(2)
+    ready = [server for server in servers if server.wait_ready()]
+    client_env = {**base_environ(), "TMAGUARD_MODE": "off"}
+    try:
+        for server in ready:
+            try:
+                server.summary["outputs"] = complete_prompts(server.port)
+            except Exception as error:  # a failing step is a result
+                server.summary["error"] = f"{type(error).__name__}: {error}"
+        for round_ in range(ROUNDS):
+            for concurrency in CONCURRENCY:
+                for server in ready:
+                    result = bench(server.port, server.out, client_env, concurrency, round_)
+                    server.summary.setdefault("bench", {}).setdefault(str(concurrency), []).append(result)
+    finally:
+        for server in servers:
+            summary = server.finish()
+            tok_s = {
+                c: [round(r.get("output_throughput") or 0) for r in runs]
+                for c, runs in summary.get("bench", {}).items()
+            }
+            print(
+                f"POD {server.name}: ready {summary['ready_s']} s, exit {summary.get('exit_code')}, "
+                f"{len(summary['records'])} records, output tok/s {tok_s}, error {summary.get('error')}",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
