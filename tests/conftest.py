@@ -33,6 +33,10 @@ class Run:
     def last_record(self) -> dict:
         return json.loads((self.record_dir / "last.json").read_text())
 
+    def record_of(self, pid: int) -> dict:
+        """One process's own record (children such as Humming's build helpers write theirs too)."""
+        return json.loads((self.record_dir / f"process-{pid}.json").read_text())
+
 
 @pytest.fixture(scope="session", autouse=True)
 def installed_package_is_current() -> None:

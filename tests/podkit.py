@@ -23,8 +23,20 @@ TESTS_DIR = Path(__file__).resolve().parent
 CSRC = TESTS_DIR / "csrc"
 DEFAULT_BUILD_DIR = TESTS_DIR / ".build"
 
-KINDS = ("bare", "vcuda", "vcuda-fork", "vcuda-noforward", "hami", "lupine", "nogpu")
-VCUDA_KINDS = ("vcuda", "vcuda-fork", "vcuda-noforward")
+KINDS = (
+    "bare",
+    "vcuda",
+    "vcuda-fork",
+    "vcuda-noforward",
+    "vcuda-gpa-v2",
+    "vcuda-no-gpa",
+    "hami",
+    "lupine",
+    "nogpu",
+)
+VCUDA_KINDS = ("vcuda", "vcuda-fork", "vcuda-noforward", "vcuda-gpa-v2", "vcuda-no-gpa")
+# vcuda-gpa-v2 keeps its real driver where distributions install it, not beside the layer.
+SYSTEM_DRIVER_DIR = "usr/lib/x86_64-linux-gnu"
 
 OLD_VLLM_VERSION = "0.6.6.post1"
 
@@ -124,6 +136,18 @@ _TARGETS: dict[str, _Target] = {
         (*LIB_FLAGS, "-DLAYER_NO_FORWARD", "-Wl,-soname,libcuda-control.so"),
         ("-ldl",),
     ),
+    "layer_gpa_v2": _Target(
+        "libcuda-control-gpa-v2.so",
+        "standin_layer.c",
+        (*LIB_FLAGS, "-DLAYER_GPA_V2", "-Wl,-soname,libcuda-control.so"),
+        ("-ldl",),
+    ),
+    "layer_no_gpa": _Target(
+        "libcuda-control-no-gpa.so",
+        "standin_layer.c",
+        (*LIB_FLAGS, "-DLAYER_NO_GPA", "-Wl,-soname,libcuda-control.so"),
+        ("-ldl",),
+    ),
     "layer_standalone": _Target(
         "libcuda-lupine.so",
         "standin_layer.c",
@@ -181,8 +205,8 @@ def _python_include() -> Path:
 def build_standins(build_dir: Path) -> dict[str, Path]:
     """Compile every stand-in (once; up-to-date outputs are kept).
 
-    Returns name -> path for: driver, layer, layer_fork, layer_noforward,
-    layer_standalone, nvml, vgpu, old_vllm_ext, driver_calls_ext.
+    Returns name -> path for: driver, layer, layer_fork, layer_noforward, layer_gpa_v2,
+    layer_no_gpa, layer_standalone, nvml, vgpu, old_vllm_ext, driver_calls_ext.
     """
     build_dir = Path(build_dir)
     build_dir.mkdir(parents=True, exist_ok=True)
@@ -290,6 +314,12 @@ def build_pod(
         return Pod(kind, root, lib_dir, None, env)
 
     real_driver = lib_dir / f"libcuda.so.{driver}"
+    if kind == "vcuda-gpa-v2":
+        system = root / SYSTEM_DRIVER_DIR
+        system.mkdir(parents=True)
+        real_driver = system / f"libcuda.so.{driver}"
+        (system / "libcuda.so.1").symlink_to(real_driver.name)
+        env["STANDIN_LAYER_DRIVER_DIR"] = str(system)
     _install(libs["driver"], real_driver)
 
     if kind in ("bare", "hami"):
@@ -310,7 +340,13 @@ def build_pod(
         )
 
     if kind in VCUDA_KINDS:
-        layer = {"vcuda": "layer", "vcuda-fork": "layer_fork", "vcuda-noforward": "layer_noforward"}
+        layer = {
+            "vcuda": "layer",
+            "vcuda-fork": "layer_fork",
+            "vcuda-noforward": "layer_noforward",
+            "vcuda-gpa-v2": "layer_gpa_v2",
+            "vcuda-no-gpa": "layer_no_gpa",
+        }
         control = lib_dir / "libcuda-control.so"
         _install(libs[layer[kind]], control)
         # vCUDA's libcuda.so.1 is a hard link of libcuda-control.so.

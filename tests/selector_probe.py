@@ -7,7 +7,7 @@ import json
 # maps libcuda.so.1 (importing torch does: it asks NVML, and nvmlInit loads libcuda.so.1).
 importlib.import_module("vllm")
 
-out = {}
+out = {"pid": __import__("os").getpid()}  # its own record: helpers it starts write theirs too
 try:
     import torch
     from vllm.config import VllmConfig, set_current_vllm_config

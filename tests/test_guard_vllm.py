@@ -231,10 +231,12 @@ def test_sm90_without_reachable_encoder_warns(pods, run_python) -> None:
 def test_sm90_with_forwarded_encoder_has_usable_tma(pods, run_python) -> None:
     run = run_python(pods("vcuda", gpu_name="NVIDIA H100 80GB HBM3", cc="9.0"), RESOLVE_PLATFORM)
     record = run.last_record()
-    assert (
-        record["tma"]["usable"] is True
-        and "forwarded by the guard to the real driver" in record["tma"]["reason"]
-    )
+    real = record["libcuda"]["real_driver"]
+    assert real.endswith("/usr/local/nvidia/lib64/libcuda.so.550.142")
+    assert record["tma"] == {
+        "usable": True,
+        "reason": f"cuTensorMapEncodeTiled through the layer's cuGetProcAddress, else the real driver {real}",
+    }
 
 
 def test_check_command_reports_what_a_vllm_process_would_do(pods) -> None:

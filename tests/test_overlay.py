@@ -183,7 +183,7 @@ def test_every_overlay_variant_needs_the_placeholder_and_is_named_libcuda() -> N
                 "cuTensorMapReplaceAddress",
             },
             "proc-address": {"cuGetProcAddress_v2"},
-            "launch-ex": {"cuLaunchKernelEx"},
+            "launch-ex": {"cuLaunchKernelEx", "cuLaunchKernelEx_ptsz"},  # and its per-thread-stream twin
         }
         assert exported == set().union(*(expected[g] for g in variant)), (variant, exported)
 

@@ -21,7 +21,7 @@ def selectors(run_python, pod, **env: str) -> tuple[dict, dict]:
     run = run_python(pod, SELECTORS, env)
     result = run.result
     assert "error" not in result, run.stderr[-3000:]
-    return result, run.last_record()
+    return result, run.record_of(result["pid"])
 
 
 def families(record: dict) -> dict[str, str]:

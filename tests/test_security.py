@@ -69,10 +69,12 @@ def test_trusted_paths(tmp_path: Path) -> None:
     assert trust.trusted_file(str(library)) == str(library.resolve())
 
     library.chmod(0o775)
-    assert "lib.so is writable by group (mode 0775)" in trust.path_problem(str(library))
+    assert "lib.so is writable by group 0 (mode 0775), which this package's own code is not" in (
+        trust.path_problem(str(library))
+    )
     library.chmod(0o755)
     safe.chmod(0o777)
-    assert f"{safe} is writable by group and others (mode 0777)" in trust.path_problem(str(library))
+    assert f"{safe} is writable by group 0 (mode 0777)" in trust.path_problem(str(library))
     safe.chmod(0o1777)  # a sticky directory, like /tmp: nobody else can replace what is in it
     assert trust.path_problem(str(library)) is None
     safe.chmod(0o755)
@@ -80,7 +82,7 @@ def test_trusted_paths(tmp_path: Path) -> None:
     link = tmp_path / "link.so"
     link.symlink_to(library)
     assert trust.trusted_file(str(link)) == str(library.resolve())  # the real path is what gets loaded
-    with pytest.raises(trust.UntrustedPath, match="writable by group and others"):
+    with pytest.raises(trust.UntrustedPath, match="writable by group 0"):
         library.chmod(0o777)
         trust.trusted_file(str(link))
     with pytest.raises(FileNotFoundError):
@@ -94,7 +96,7 @@ def test_paths_owned_by_another_user_are_not_trusted(tmp_path: Path) -> None:
     library = directory / "lib.so"
     library.write_bytes(b"x")
     os.chown(library, NOBODY, NOBODY)
-    assert f"lib.so is owned by uid {NOBODY}, not by root or this user" in trust.path_problem(str(library))
+    assert f"lib.so is owned by uid {NOBODY} (neither root nor this user)" in trust.path_problem(str(library))
     os.chown(library, 0, 0)
     os.chown(directory, NOBODY, NOBODY)
     assert f"{directory} is owned by uid {NOBODY}" in trust.path_problem(str(library))
@@ -158,11 +160,11 @@ def test_untrusted_package_libraries_are_refused(pods, tmp_path: Path, weakness:
     top, lib = _guard_copy(tmp_path)
     if weakness == "world-writable directory":
         lib.chmod(0o777)
-        why = f"refused: {lib} is writable by group and others (mode 0777)"
+        why = f"refused: {lib} is writable by group 0 (mode 0777)"
     elif weakness == "group-writable file":
         for library in lib.glob("*.so"):
             library.chmod(0o775)
-        why = "libtmaguard_encoders.so is writable by group (mode 0775)"
+        why = "libtmaguard_encoders.so is writable by group 0 (mode 0775)"
     else:
         for library in lib.glob("*.so"):
             os.chown(library, NOBODY, NOBODY)

@@ -322,7 +322,8 @@ def test_pod_layout(pods: dict[str, podkit.Pod], kind: str) -> None:
         assert not list(pod.lib_dir.glob("libcuda.so.*.*"))
         return
 
-    assert pod.real_driver == pod.lib_dir / "libcuda.so.550.142"
+    driver_dir = pod.root / podkit.SYSTEM_DRIVER_DIR if kind == "vcuda-gpa-v2" else pod.lib_dir
+    assert pod.real_driver == driver_dir / "libcuda.so.550.142"
     assert soname(pod.real_driver) == "libcuda.so.1"
     if kind in ("bare", "hami"):
         assert soname(cuda1) == "libcuda.so.1"

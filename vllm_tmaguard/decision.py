@@ -68,16 +68,28 @@ class Decision:
         return self.routing.error if self.routing else None
 
 
-def _encoder(facts: Facts, forwarded: bool) -> tuple[bool, str]:
-    """Whether a real cuTensorMapEncodeTiled is reachable in this process, and why (passive evidence only)."""
-    if facts.driver.exports(ENCODERS[0]):
-        return True, f"{os.path.basename(facts.driver.path or '')} exports {ENCODERS[0]}"
-    if forwarded:
-        return True, f"{ENCODERS[0]} forwarded by the guard to the real driver {facts.driver.real_driver}"
-    remote = [layer.name for layer in facts.layers if not layer.forwards_to_local_driver]
-    if remote:
-        return False, f"{remote[0]}: no local driver to forward {ENCODERS[0]} to"
-    return False, f"libcuda.so.1 lacks {ENCODERS[0]} and no real driver file was found beside it"
+def _network_layer(facts: Facts) -> str | None:
+    """A layer serving a GPU over the network: no local driver behind it, whatever files the pod holds."""
+    return next((layer.name for layer in facts.layers if not layer.forwards_to_local_driver), None)
+
+
+def _encoder(facts: Facts, supplied: set[str]) -> tuple[bool, str]:
+    """Whether a real cuTensorMapEncodeTiled is reachable in this process, and from where (passive evidence
+    only: what the layer exports, and a real driver file for the overlay's look-up to end at)."""
+    name = ENCODERS[0]
+    if facts.driver.exports(name):
+        return True, f"{os.path.basename(facts.driver.path or '')} exports {name}"
+    network = _network_layer(facts)
+    if network is not None:
+        return False, f"{network}: no local driver to forward {name} to"
+    if name not in supplied:
+        return False, f"libcuda.so.1 lacks {name} and the guard does not supply it"
+    if facts.driver.real_driver is None:
+        return False, (
+            f"libcuda.so.1 lacks {name} and no real driver file was found (beside the layer, on the "
+            "loader's paths, in the usual driver directories)"
+        )
+    return True, f"{name} {_encoder_route(facts)}"
 
 
 def _tma_verdict(facts: Facts, encoder: tuple[bool, str]) -> TmaVerdict:
@@ -94,8 +106,11 @@ def _tma_verdict(facts: Facts, encoder: tuple[bool, str]) -> TmaVerdict:
 
 
 def _encoder_route(facts: Facts) -> str:
-    real = facts.driver.real_driver
-    return "through the layer's cuGetProcAddress" + (f", else the real driver {real}" if real else "")
+    """Where the overlay and shims take the encoders from, in their order (tmaguard_shim.c find_real)."""
+    lookups = [f"the layer's {n}" for n in (PROC_ADDRESS_V2, "cuGetProcAddress") if facts.driver.exports(n)]
+    real = facts.driver.real_driver if _network_layer(facts) is None else None
+    route = [*lookups[:1], *([f"the real driver {real}"] if real else [])]
+    return "through " + ", else ".join(route) if route else "from nowhere: the layer has no look-up"
 
 
 def _shims(facts: Facts, missing: dict[str, tuple[str, ...]]) -> list[Supply]:
@@ -208,8 +223,7 @@ def decide(facts: Facts, toggles: Toggles) -> Decision:
                 "(not supplied: forwarding it around the layer would bypass its quota)"
             )
 
-    forwarded = driver.real_driver is not None and ENCODERS[0] in supplied
-    encoder = _encoder(facts, forwarded)
+    encoder = _encoder(facts, supplied)
     tma = _tma_verdict(facts, encoder)
     routing = _routing(facts, toggles, encoder, tma, driver.exports(LAUNCH_EX) or LAUNCH_EX in supplied)
 
@@ -224,6 +238,7 @@ def decide(facts: Facts, toggles: Toggles) -> Decision:
     else:
         summary = f"{layer}: libcuda.so.1 has every entry point vLLM needs; nothing to load"
     level = "warning" if unfixed or routing.overrides or routing.hints or routing.error else "info"
+    real_driver = driver.real_driver if _network_layer(facts) is None else None
     return Decision(
-        level, summary, apply, tuple(supplies), driver.real_driver, driver.path, tuple(unfixed), tma, routing
+        level, summary, apply, tuple(supplies), real_driver, driver.path, tuple(unfixed), tma, routing
     )

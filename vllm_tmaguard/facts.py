@@ -11,7 +11,14 @@ from dataclasses import dataclass, field, replace
 from .elf import ElfError, ElfInfo, read_elf
 from .gpu import GpuFacts, probe_gpus
 from .layers import ENCODERS, Layer, detect_layers, gather_evidence
-from .loader import LibraryResolution, read_self_maps, resolve_library
+from .loader import (
+    LibraryResolution,
+    read_self_maps,
+    resolve_library,
+    search_order,
+    split_library_path,
+    under_root,
+)
 from .routing_table import table_for
 from .scan_cache import probe_vllm_cached
 from .vllm_probe import DRIVER_LIBRARY, VllmFacts, names_listed
@@ -47,30 +54,60 @@ class Facts:
     environ: Mapping[str, str] = field(default_factory=dict)  # the user's settings routing merges with
 
 
-def find_real_driver(libcuda: ElfInfo | None, driver_version: str | None) -> str | None:
-    """The real driver file the layer sits in front of: libcuda.so.<version> in the layer's directory with
-    SONAME libcuda.so.1 and the encoders, not the layer itself. Prefers NVML's driver version."""
+# Where NVIDIA's container toolkit and distributions put the driver, searched after the layer's own directory
+# and the loader's paths (read under TMAGUARD_ROOT).
+DRIVER_DIRS = (
+    "/usr/local/nvidia/lib64",
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu",
+    "/usr/lib64",
+    "/lib64",
+    "/usr/lib/wsl/lib",
+)
+
+
+def driver_search_dirs(layer_path: str, environ: Mapping[str, str], root: str) -> list[str]:
+    """Where a real driver behind a layer may be, in the order searched: the layer's directory (vCUDA keeps
+    the real file beside it), LD_LIBRARY_PATH, the directories ld.so.cache names for libcuda.so.1, the
+    usual driver directories."""
+    dirs = [os.path.dirname(layer_path), os.path.dirname(os.path.realpath(layer_path))]
+    dirs += split_library_path(environ.get("LD_LIBRARY_PATH", ""), os.getcwd())
+    dirs += [
+        os.path.dirname(path) for path, how in search_order(DRIVER_LIBRARY, {}, root, "/", os.uname().machine)
+    ]
+    dirs += [under_root(root, directory) for directory in DRIVER_DIRS]
+    return list(dict.fromkeys(dirs))
+
+
+def find_real_driver(
+    libcuda: ElfInfo | None, driver_version: str | None, environ: Mapping[str, str], root: str
+) -> str | None:
+    """The real driver file the layer sits in front of: a libcuda.so.<version> (or libcuda.so.1) with SONAME
+    libcuda.so.1 that exports the encoders and is not the layer itself, from the first directory of
+    driver_search_dirs that has one; within a directory NVML's driver version first, then the newest."""
     if libcuda is None:
         return None
     layer = os.path.realpath(libcuda.path)
-    candidates = []
-    for directory in dict.fromkeys((os.path.dirname(libcuda.path), os.path.dirname(layer))):
+    for directory in driver_search_dirs(libcuda.path, environ, root):
         try:
             names = os.listdir(directory)
         except OSError:
             continue
+        candidates = []
         for name in names:
             match = _DRIVER_FILE.match(name)
             path = os.path.join(directory, name)
-            if match and os.path.realpath(path) != layer:
-                candidates.append((match.group(1) == driver_version, _version_key(match.group(1)), path))
-    for _, _, path in sorted(candidates, reverse=True):
-        try:
-            info = read_elf(path, prefixes=(b"cuTensorMap",))
-        except ElfError:
-            continue
-        if info.soname == DRIVER_LIBRARY and ENCODERS[0] in info.defined:
-            return path
+            if (match or name == DRIVER_LIBRARY) and os.path.realpath(path) != layer:
+                version = match.group(1) if match else "0"
+                candidates.append((version == driver_version, _version_key(version), path))
+        for _, _, path in sorted(candidates, reverse=True):
+            try:
+                info = read_elf(path, prefixes=(b"cuTensorMap", OVERLAY_MARKER.encode()))
+            except ElfError:
+                continue
+            real = ENCODERS[0] in info.defined and OVERLAY_MARKER not in info.defined
+            if info.soname == DRIVER_LIBRARY and real:
+                return path
     return None
 
 
@@ -90,7 +127,7 @@ def probe_driver(environ: Mapping[str, str], root: str, driver_version: str | No
             info = replace(layer, defined=layer.defined | info.defined - {OVERLAY_MARKER})
     except ElfError as error:
         return DriverFacts(resolution, None, error=error.why)
-    real = None if ENCODERS[0] in info.defined else find_real_driver(info, driver_version)
+    real = None if ENCODERS[0] in info.defined else find_real_driver(info, driver_version, environ, root)
     return DriverFacts(resolution, info, real_driver=real, overlay_of=overlay_of)
 
 

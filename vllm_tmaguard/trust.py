@@ -1,11 +1,16 @@
 """What the guard trusts (docs/SECURITY.md): the files it loads code from, the directory it writes its
 runtime files to, and what may appear in what it prints.
 
-Path trust: a library is loaded only when every component of its real path is owned by root or by this
-process's effective user and is not writable by group or others (a directory with the sticky bit, like
-/tmp, may be world-writable: nobody else can rename or replace its entries there). The guard's runtime
-directory must in addition be this user's and private (0700). The real path is returned and loaded, so a
-symbolic link cannot be swapped between the check and the load.
+Path trust: a library the guard loads may be as writable as the package code that loads it, never more.
+Whoever can change a path is the owner of each of its components, and the group and others where a
+component is writable by them (a directory with the sticky bit, like /tmp, may be world-writable: nobody
+else can rename or replace its entries there). A library is loaded only when everyone who can change it,
+other than root and this process's effective user, can also change this package's own code. A root-owned
+install with no group or world write (the usual image) therefore trusts only root-owned, write-protected
+libraries; an OpenShift-style image (`chmod -R g=u`, run as an arbitrary user in group 0) trusts libraries
+writable by group 0 as its code is, and nothing writable by others. The guard's runtime directory must in
+addition be this user's and private (0700). The real path is returned and loaded, so a symbolic link cannot
+be swapped between the check and the load.
 
 Redaction: values of environment variables whose names look like credentials (HF_TOKEN, *_API_KEY,
 AWS_SECRET_ACCESS_KEY, ...) and anything shaped like a bearer token or URL credentials are replaced before
@@ -43,35 +48,71 @@ def _components(real: str) -> list[str]:
     return parts
 
 
-def path_problem(path: str, private: bool = False, _links: int = 0) -> str | None:
-    """Why `path` is not trusted (None: it is). Every component is checked as written and, through each
-    symbolic link, as resolved (a link counts as its owner's: in /tmp anyone can plant one). `private`:
-    the last component must also be owned by this user and closed to group and others (mode 0700)."""
+def _changers(info: os.stat_result, last: bool) -> dict[str, str]:
+    """Who besides root can change a path through this component: {principal: how}."""
+    mode = info.st_mode
+    owner = info.st_uid
+    changers = {} if owner == 0 else {f"uid {owner}": f"owned by uid {owner} (neither root nor this user)"}
+    if stat.S_ISLNK(mode) or (stat.S_ISDIR(mode) and mode & stat.S_ISVTX and not last):
+        return changers  # a link's mode means nothing; a sticky directory's entries are their owners' alone
+    octal = f"mode {stat.S_IMODE(mode):04o}"
+    if mode & 0o020:
+        changers[f"gid {info.st_gid}"] = f"writable by group {info.st_gid} ({octal})"
+    if mode & 0o002:
+        changers["others"] = f"writable by others ({octal})"
+    return changers
+
+
+def _walk(path: str, private: bool, _links: int = 0) -> list[tuple[str, os.stat_result, bool, bool]] | str:
+    """(component, its lstat, whether it is the last of its path, whether it must be private) for every
+    component as written and, through each symbolic link, as resolved (a link counts as its owner's: in
+    /tmp anyone can plant one); or why a component cannot be read."""
     if _links > 40:
         return f"{path}: too many levels of symbolic links"
-    euid = os.geteuid()
     written = os.path.abspath(path)
+    steps: list[tuple[str, os.stat_result, bool, bool]] = []
     for component in _components(written):
         try:
             info = os.lstat(component)
         except OSError as error:
             return f"{component}: {error.strerror or error}"
-        mode, last = info.st_mode, component == written
-        if info.st_uid not in (0, euid):
-            return f"{component} is owned by uid {info.st_uid}, not by root or this user (uid {euid})"
-        if stat.S_ISLNK(mode):
-            problem = path_problem(os.path.realpath(component), private and last, _links + 1)
-            if problem is not None:
-                return f"{component} -> {problem}"
-            continue
-        sticky_dir = stat.S_ISDIR(mode) and mode & stat.S_ISVTX and not last
-        if mode & 0o022 and not sticky_dir:
-            who = " and ".join(w for w, bit in (("group", 0o020), ("others", 0o002)) if mode & bit)
-            return f"{component} is writable by {who} (mode {stat.S_IMODE(mode):04o})"
-        if last and private and (info.st_uid != euid or mode & 0o077):
+        last = component == written
+        steps.append((component, info, last, last and private))
+        if stat.S_ISLNK(info.st_mode):
+            target = _walk(os.path.realpath(component), private and last, _links + 1)
+            if isinstance(target, str):
+                return f"{component} -> {target}"
+            steps += target
+    return steps
+
+
+@functools.cache
+def package_changers() -> frozenset[str]:
+    """Who besides root can change this package's own code (the principals of _changers)."""
+    steps = _walk(os.path.abspath(__file__), private=False)
+    if isinstance(steps, str):
+        return frozenset()
+    return frozenset(p for _, info, last, _ in steps for p in _changers(info, last))
+
+
+def path_problem(path: str, private: bool = False) -> str | None:
+    """Why `path` is not trusted (None: it is): someone other than root and this user can change it who
+    cannot change this package's code. `private`: nobody but this user may change it, and the last
+    component must be owned by this user and closed to group and others (mode 0700)."""
+    euid = os.geteuid()
+    allowed = {f"uid {euid}"} | (set() if private else package_changers())
+    steps = _walk(path, private)
+    if isinstance(steps, str):
+        return steps
+    for component, info, last, must_be_private in steps:
+        for principal, how in _changers(info, last).items():
+            if principal not in allowed:
+                unlike = "not private to this user" if private else "which this package's own code is not"
+                return f"{component} is {how}, {unlike}"
+        if must_be_private and (info.st_uid != euid or info.st_mode & 0o077):
             return (
                 f"{component} is not private to this user (owner uid {info.st_uid}, mode "
-                f"{stat.S_IMODE(mode):04o}; needs uid {euid}, mode 0700)"
+                f"{stat.S_IMODE(info.st_mode):04o}; needs uid {euid}, mode 0700)"
             )
     return None
 

@@ -82,18 +82,28 @@ def _dist_info_record(package_dir: str, version: str | None) -> str | None:
     return _read_text(os.path.join(site, names[0], "RECORD")) if len(names) == 1 else None
 
 
+def loadable_here(path: str) -> bool:
+    """This interpreter can load the file: its name ends in one of the interpreter's extension suffixes
+    right after the module name (`_C.cpython-312-x86_64-linux-gnu.so` is for CPython 3.12 only; `_C.abi3.so`
+    and plain `libx.so` for any)."""
+    name = os.path.basename(path)
+    stem = name.split(".", 1)[0]
+    return any(name == stem + suffix for suffix in importlib.machinery.EXTENSION_SUFFIXES)
+
+
 @functools.lru_cache(maxsize=8)
 def _extension_files(package_dir: str, version: str | None) -> tuple[str, ...]:
-    """Every *.so under the package: from the wheel's RECORD (cheap), else by walking the tree. Cached: the
-    doctor asks twice (the guard's probe and the fat-binary scan)."""
+    """Every *.so under the package that this interpreter can load: from the wheel's RECORD (cheap), else by
+    walking the tree. Cached: the doctor asks twice (the guard's probe and the fat-binary scan)."""
     site = os.path.dirname(package_dir)
     record = _dist_info_record(package_dir, version)
     if record is not None:
-        return tuple(sorted(os.path.join(site, f) for f in _RECORD_EXTENSION.findall(record)))
-    found = []
-    for directory, _, names in os.walk(package_dir):
-        found.extend(os.path.join(directory, n) for n in names if n.endswith(".so"))
-    return tuple(sorted(found))
+        found = [os.path.join(site, f) for f in _RECORD_EXTENSION.findall(record)]
+    else:
+        found = []
+        for directory, _, names in os.walk(package_dir):
+            found.extend(os.path.join(directory, n) for n in names if n.endswith(".so"))
+    return tuple(sorted(path for path in found if loadable_here(path)))
 
 
 def _module_name(package_dir: str, path: str) -> str:
@@ -137,9 +147,9 @@ def probe_vllm(package_dir: str | None = None) -> VllmFacts:
     if package_dir is None:
         return VllmFacts(found=False)
     version = package_version(package_dir)
-    extensions = tuple(
-        e for path in _extension_files(package_dir, version) if (e := scan_extension(package_dir, path))
-    )
+    # A file the wheel lists but the tree lacks needs nothing from libcuda.so.1: nothing can load it.
+    present = [path for path in _extension_files(package_dir, version) if os.path.exists(path)]
+    extensions = tuple(e for path in present if (e := scan_extension(package_dir, path)))
     plugins_text = _read_text(os.path.join(package_dir, "plugins", "__init__.py")) or ""
     cuda_text = _read_text(os.path.join(package_dir, "platforms", "cuda.py")) or ""
     return VllmFacts(

@@ -130,8 +130,13 @@ def counters():
 
 
 def run_step(name: str) -> dict:
-    """In this process: the guard (import vllm runs its hook unless TMAGUARD_MODE=off), then the step."""
+    """In this process: the guard (import vllm runs its hook unless TMAGUARD_MODE=off), then the step.
+    TORCH_FIRST=1: torch initialises CUDA before vLLM is imported, as scripts and notebooks do."""
     try:
+        if os.environ.get("TORCH_FIRST") == "1":
+            import torch
+
+            torch.zeros(1, device="cuda")
         import vllm  # noqa: F401
 
         result = {"ok": True, **(STEPS[name]() or {})}
@@ -150,7 +155,7 @@ def main() -> None:
         print("STEP " + json.dumps(run_step(sys.argv[1])), flush=True)
         return
     results: dict[str, object] = {"mode": os.environ.get("CHECK_MODE", "?")}
-    for name in STEPS:
+    for name in os.environ.get("CHECK_STEPS", ",".join(STEPS)).split(","):
         done = subprocess.run(
             [sys.executable, "-X", "faulthandler", __file__, name],
             capture_output=True,

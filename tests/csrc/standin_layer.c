@@ -8,6 +8,12 @@
  *   -DLAYER_FORK        a vCUDA fork that also exports the newer entry points.
  *   -DLAYER_NO_FORWARD  cuGetProcAddress answers 500 for names it lacks.
  *   -DLAYER_STANDALONE  lupine-like: no local driver, everything succeeds.
+ *   -DLAYER_GPA_V2      exports cuGetProcAddress_v2 too (both look-ups forward what they do not hook),
+ *                       still no encoders and no cuLaunchKernelEx.
+ *   -DLAYER_NO_GPA      built against headers older than CUDA 11.3: no cuGetProcAddress of any version;
+ *                       exports versioned and per-thread-stream symbols (cuMemAlloc and cuMemAlloc_v2,
+ *                       cuMemcpyAsync_ptsz, ...) as an old driver does.
+ * The real driver is found beside the layer, or in $STANDIN_LAYER_DRIVER_DIR when that is set.
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -20,7 +26,9 @@
 
 #include "standin_entry_points.h"
 
-#if defined(LAYER_FORK) + defined(LAYER_NO_FORWARD) + defined(LAYER_STANDALONE) > 1
+#if defined(LAYER_FORK) + defined(LAYER_NO_FORWARD) + defined(LAYER_STANDALONE) +                    \
+        defined(LAYER_GPA_V2) + defined(LAYER_NO_GPA) >                                                \
+    1
 #error "choose at most one layer variant"
 #endif
 
@@ -33,16 +41,40 @@
 #elif defined(LAYER_STANDALONE)
 #define LAYER_VARIANT "standalone"
 #define LAYER_EXTRA_EPS(X)
+#elif defined(LAYER_GPA_V2)
+#define LAYER_VARIANT "gpa-v2"
+#define LAYER_EXTRA_EPS(X) X(cuGetProcAddress_v2, -1, 0)
+#elif defined(LAYER_NO_GPA)
+#define LAYER_VARIANT "no-gpa"
+/* Older ABIs and per-thread-default-stream variants, each its own (metered) function. */
+#define LAYER_EXTRA_EPS(X)                                                     \
+    X(cuMemAlloc, -1, 0)                                                       \
+    X(cuCtxCreate, -1, 0)                                                      \
+    X(cuCtxCreate_v3, -1, 0)                                                   \
+    X(cuMemcpyAsync, -1, 0)                                                    \
+    X(cuMemcpyAsync_ptsz, -1, 0)                                               \
+    X(cuStreamBeginCapture, -1, 0)                                             \
+    X(cuStreamBeginCapture_v2, -1, 0)                                          \
+    X(cuStreamBeginCapture_v2_ptsz, -1, 0)                                     \
+    X(cuLaunchKernel_ptsz, -1, 0)                                              \
+    X(cuGraphInstantiate_v2, -1, 0)                                            \
+    X(cuGraphInstantiateWithFlags, -1, 0)
 #else
 #define LAYER_VARIANT "upstream"
 #define LAYER_EXTRA_EPS(X)
+#endif
+
+#if defined(LAYER_NO_GPA)
+#define LAYER_GPA_EPS(X)
+#else
+#define LAYER_GPA_EPS(X) X(cuGetProcAddress, -1, 0)
 #endif
 
 #define LAYER_EPS(X)                                                           \
     STANDIN_L_EPS(X)                                                           \
     STANDIN_BASIC_EPS(X)                                                       \
     LAYER_EXTRA_EPS(X)                                                         \
-    X(cuGetProcAddress, -1, 0)
+    LAYER_GPA_EPS(X)
 
 enum {
 #define X(n, i, b) IDX_##n,
@@ -194,13 +226,20 @@ FORWARD_EXACT(cuTensorMapReplaceAddress, standin_replace_fn,
               STANDIN_REPLACE_PARAMS, STANDIN_REPLACE_ARGS)
 #endif /* LAYER_FORK */
 
+#if defined(LAYER_NO_GPA)
+#define X(n, i, b) FORWARD_GENERIC(n)
+LAYER_EXTRA_EPS(X)
+#undef X
+#endif
+
 #endif /* !LAYER_STANDALONE */
 
 /* ---- cuGetProcAddress ---------------------------------------------------- */
+#if !defined(LAYER_NO_GPA)
 
 STANDIN_EXPORT CUresult cuGetProcAddress(const char *, void **, int,
                                          unsigned long long);
-#if defined(LAYER_FORK)
+#if defined(LAYER_FORK) || defined(LAYER_GPA_V2)
 STANDIN_EXPORT CUresult cuGetProcAddress_v2(const char *, void **, int,
                                             unsigned long long, int *);
 #endif
@@ -257,7 +296,7 @@ STANDIN_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn,
 #endif
 }
 
-#if defined(LAYER_FORK)
+#if defined(LAYER_FORK) || defined(LAYER_GPA_V2)
 STANDIN_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn,
                                             int cudaVersion,
                                             unsigned long long flags,
@@ -282,6 +321,8 @@ STANDIN_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn,
     return real(symbol, pfn, cudaVersion, flags, symbolStatus);
 }
 #endif
+
+#endif /* !LAYER_NO_GPA */
 
 /* ---- finding the real driver, the way vCUDA does ------------------------ */
 
@@ -312,6 +353,9 @@ __attribute__((constructor)) static void layer_init(void) {
         *slash = '\0';
     else
         snprintf(dir, sizeof(dir), ".");
+    const char *elsewhere = getenv("STANDIN_LAYER_DRIVER_DIR");
+    if (elsewhere && *elsewhere)
+        snprintf(dir, sizeof(dir), "%s", elsewhere);
 
     struct dirent **entries = NULL;
     int n = scandir(dir, &entries, is_driver_file, alphasort);

@@ -15,14 +15,18 @@
  * is shadowed (DESIGN.md §2.5).
  *
  * Resolution happens once, on first use, under a lock: CUDA is initialised by then. Order (DESIGN.md §2.3,
- * §2.4): the layer's cuGetProcAddress_v2, its v1 cuGetProcAddress, then the real driver file, opened only
- * while the layer is mapped (RTLD_NOLOAD first). After that each encoder call is one load and one jump.
+ * §2.4): the layer's cuGetProcAddress_v2, its v1 cuGetProcAddress, then a real driver already loaded in the
+ * process (the copy the layer opened: its context is the live one), then the real driver file the guard
+ * found, opened only while the layer is mapped. After that each encoder call is one load and one jump.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <link.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define EXPORT __attribute__((visibility("default")))
@@ -39,6 +43,8 @@ enum {
     CUDA_ERROR_NOT_SUPPORTED = 801,
     PROC_ADDRESS_SUCCESS = 0,
     PROC_ADDRESS_SYMBOL_NOT_FOUND = 1,
+    PROC_ADDRESS_VERSION_NOT_SUFFICIENT = 2,
+    PER_THREAD_DEFAULT_STREAM = 2, /* CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM */
 };
 
 /* Where a name was resolved from; read by the guard's record and by tests. */
@@ -79,14 +85,50 @@ static int is_own_address(const void *fn);
 #define LOAD(slot) __atomic_load_n(&(slot), __ATOMIC_ACQUIRE)
 #define STORE(slot, value) __atomic_store_n(&(slot), (value), __ATOMIC_RELEASE)
 
-/* Looks one driver entry point up through the layer, then the real driver file. Caller holds the lock. */
-__attribute__((unused)) static void *find_real(void *layer, const char *name, int min_cuda_version, int *source) {
+#define MAX_LOADED 64
+
+struct loaded_names {
+    int count;
+    char names[MAX_LOADED][512];
+};
+
+static int collect_driver_file(struct dl_phdr_info *info, size_t size, void *data) {
+    (void)size;
+    struct loaded_names *found = data;
+    const char *slash = info->dlpi_name ? strrchr(info->dlpi_name, '/') : NULL;
+    if (slash != NULL && strncmp(slash + 1, "libcuda.so", 10) == 0 && found->count < MAX_LOADED &&
+        strlen(info->dlpi_name) < sizeof found->names[0])
+        strcpy(found->names[found->count++], info->dlpi_name);
+    return 0;
+}
+
+/* A real driver the process has already loaded (the layer opened it, RTLD_LOCAL): a libcuda.so* that is
+   neither the layer nor this library and exports the encoders. NULL if there is none. dlopen is not
+   called from inside dl_iterate_phdr's callback: the loader's lock is held there. */
+static void *loaded_real_driver(void *layer) {
+    static struct loaded_names found; /* under resolve_lock */
+    found.count = 0;
+    dl_iterate_phdr(collect_driver_file, &found);
+    for (int i = 0; i < found.count; i++) {
+        void *handle = dlopen(found.names[i], RTLD_NOW | RTLD_NOLOAD);
+        if (handle == NULL) continue;
+        void *encoder = dlsym(handle, "cuTensorMapEncodeTiled");
+        if (handle != layer && encoder != NULL && !is_own_address(encoder)) return handle;
+        dlclose(handle);
+    }
+    return NULL;
+}
+
+/* Looks one driver entry point up through the layer, then a real driver (flags: the per-thread default
+   stream flag of cuGetProcAddress). Caller holds the lock. */
+__attribute__((unused)) static void *find_real(void *layer, const char *name, int min_cuda_version,
+                                               cuuint64_t flags, int *source) {
     void *fn = NULL;
     int status = PROC_ADDRESS_SYMBOL_NOT_FOUND;
 
     proc_address_v2_fn v2 = (proc_address_v2_fn)dlsym(layer, "cuGetProcAddress_v2");
     if (v2 != NULL && !is_own_address((void *)v2) &&
-        v2(name, &fn, min_cuda_version, 0, &status) == CUDA_SUCCESS && fn != NULL &&
+        v2(name, &fn, min_cuda_version, flags, &status) == CUDA_SUCCESS && fn != NULL &&
         status == PROC_ADDRESS_SUCCESS && !is_own_address(fn)) {
         *source = SOURCE_LAYER_PROC_ADDRESS_V2;
         return fn;
@@ -94,20 +136,20 @@ __attribute__((unused)) static void *find_real(void *layer, const char *name, in
     fn = NULL;
     proc_address_v1_fn v1 = (proc_address_v1_fn)dlsym(layer, "cuGetProcAddress");
     if (v1 != NULL && !is_own_address((void *)v1) &&
-        v1(name, &fn, min_cuda_version, 0) == CUDA_SUCCESS && fn != NULL && !is_own_address(fn)) {
+        v1(name, &fn, min_cuda_version, flags) == CUDA_SUCCESS && fn != NULL && !is_own_address(fn)) {
         *source = SOURCE_LAYER_PROC_ADDRESS;
         return fn;
     }
-    if (real_driver_path[0] != '\0') {
-        /* The layer opened the real driver itself in the usual case: reuse that copy. */
-        void *real = dlopen(real_driver_path, RTLD_NOW | RTLD_NOLOAD);
-        if (real == NULL) real = dlopen(real_driver_path, RTLD_NOW | RTLD_LOCAL);
-        if (real != NULL && real != layer) {
-            fn = dlsym(real, name);
-            if (fn != NULL && !is_own_address(fn)) {
-                *source = SOURCE_REAL_DRIVER;
-                return fn;
-            }
+    char exact[128];
+    snprintf(exact, sizeof exact, "%s%s", name, flags & PER_THREAD_DEFAULT_STREAM ? "_ptsz" : "");
+    void *real = loaded_real_driver(layer);
+    if (real == NULL && real_driver_path[0] != '\0')
+        real = dlopen(real_driver_path, RTLD_NOW | RTLD_LOCAL); /* the layer is mapped: not the first */
+    if (real != NULL && real != layer) {
+        fn = dlsym(real, exact);
+        if (fn != NULL && !is_own_address(fn)) {
+            *source = SOURCE_REAL_DRIVER;
+            return fn;
         }
     }
     *source = SOURCE_NONE;
@@ -199,7 +241,7 @@ static int resolve_encoders(void) {
         } else {
 #define RESOLVE(name, type, params, args, version)                                               \
             {                                                                                     \
-                type fn = (type)find_real(layer, #name, version, &source_##name);                 \
+                type fn = (type)find_real(layer, #name, version, 0, &source_##name);              \
                 STORE(slot_##name, fn != NULL ? fn : unsupported_##name);                         \
             }
             ENCODERS(RESOLVE)
@@ -260,9 +302,13 @@ typedef CUresult (*cooperative_fn)(void *, unsigned, unsigned, unsigned, unsigne
                                    unsigned, void *, void **);
 typedef CUresult (*launch_ex_fn)(const launch_config *, void *, void **, void **);
 
-static launch_fn layer_launch;
-static cooperative_fn layer_cooperative;
-static launch_ex_fn real_launch_ex;
+/* The layer's launches and the real cuLaunchKernelEx, for legacy-stream [0] and per-thread-default-stream
+   [1] callers (cuLaunchKernelEx_ptsz: a NULL stream is the calling thread's default stream). */
+static struct launch_path {
+    launch_fn launch;
+    cooperative_fn cooperative;
+    launch_ex_fn real_ex;
+} launch_paths[2];
 static int launch_source = SOURCE_UNRESOLVED;
 static long long launch_counts[3]; /* metered via cuLaunchKernel, via the cooperative call, unmetered */
 
@@ -293,40 +339,60 @@ static int classify(const launch_config *config) {
     return cooperative;
 }
 
-EXPORT CUresult cuLaunchKernelEx(const launch_config *config, void *function, void **params,
-                                 void **extra) {
-    if (config == NULL || (config->num_attrs > 0 && config->attrs == NULL))
-        return CUDA_ERROR_INVALID_VALUE;
+static void resolve_launch(void) {
     pthread_mutex_lock(&resolve_lock);
     if (launch_source == SOURCE_UNRESOLVED) {
         void *layer = layer_handle();
         if (layer != NULL) {
-            layer_launch = (launch_fn)dlsym(layer, "cuLaunchKernel");
-            layer_cooperative = (cooperative_fn)dlsym(layer, "cuLaunchCooperativeKernel");
-            real_launch_ex = (launch_ex_fn)find_real(layer, "cuLaunchKernelEx", 11060, &launch_source);
-            if (launch_source == SOURCE_NONE && layer_launch) launch_source = SOURCE_LAYER_SYMBOL;
+            int source = SOURCE_NONE;
+            for (int per_thread = 0; per_thread < 2; per_thread++) {
+                struct launch_path *path = &launch_paths[per_thread];
+                path->launch = (launch_fn)dlsym(layer, per_thread ? "cuLaunchKernel_ptsz" : "cuLaunchKernel");
+                path->cooperative = (cooperative_fn)dlsym(
+                    layer, per_thread ? "cuLaunchCooperativeKernel_ptsz" : "cuLaunchCooperativeKernel");
+                path->real_ex = (launch_ex_fn)find_real(
+                    layer, "cuLaunchKernelEx", 11060, per_thread ? PER_THREAD_DEFAULT_STREAM : 0, &source);
+                if (!per_thread) launch_source = source;
+            }
+            if (launch_source == SOURCE_NONE && launch_paths[0].launch) launch_source = SOURCE_LAYER_SYMBOL;
             dlclose(layer);
         }
     }
     pthread_mutex_unlock(&resolve_lock);
+}
 
+static CUresult launch_ex(int per_thread, const launch_config *config, void *function, void **params,
+                          void **extra) {
+    if (config == NULL || (config->num_attrs > 0 && config->attrs == NULL))
+        return CUDA_ERROR_INVALID_VALUE;
+    resolve_launch();
+    const struct launch_path *path = &launch_paths[per_thread];
     int kind = classify(config);
-    if (kind == 1 && (layer_cooperative == NULL || extra != NULL)) kind = 2;
-    if (kind == 0 && layer_launch == NULL) kind = 2;
+    if (kind == 1 && (path->cooperative == NULL || extra != NULL)) kind = 2;
+    if (kind == 0 && path->launch == NULL) kind = 2;
     __atomic_fetch_add(&launch_counts[kind], 1, __ATOMIC_RELAXED);
     switch (kind) {
     case 0:
-        return layer_launch(function, config->grid_x, config->grid_y, config->grid_z, config->block_x,
+        return path->launch(function, config->grid_x, config->grid_y, config->grid_z, config->block_x,
                             config->block_y, config->block_z, config->shared_bytes, config->stream,
                             params, extra);
     case 1:
-        return layer_cooperative(function, config->grid_x, config->grid_y, config->grid_z,
+        return path->cooperative(function, config->grid_x, config->grid_y, config->grid_z,
                                  config->block_x, config->block_y, config->block_z,
                                  config->shared_bytes, config->stream, params);
     default:
-        return real_launch_ex ? real_launch_ex(config, function, params, extra)
-                              : CUDA_ERROR_NOT_SUPPORTED;
+        return path->real_ex ? path->real_ex(config, function, params, extra) : CUDA_ERROR_NOT_SUPPORTED;
     }
+}
+
+EXPORT CUresult cuLaunchKernelEx(const launch_config *config, void *function, void **params,
+                                 void **extra) {
+    return launch_ex(0, config, function, params, extra);
+}
+
+EXPORT CUresult cuLaunchKernelEx_ptsz(const launch_config *config, void *function, void **params,
+                                      void **extra) {
+    return launch_ex(1, config, function, params, extra);
 }
 
 /* Launches so far: through the layer's cuLaunchKernel, its cooperative launch, and unmetered (forwarded
@@ -338,7 +404,7 @@ EXPORT void tmaguard_launch_counts(long long out[3]) {
 #endif /* TMAGUARD_LAUNCH_EX */
 
 /* ------------------------------------------------------------------------------------------------ */
-/* Names this library supplies, for cuGetProcAddress_v2 and tmaguard_shim_source. */
+/* Names this library supplies (exact symbols), for cuGetProcAddress_v2. */
 __attribute__((unused)) static void *own_symbol(const char *name) {
 #ifdef TMAGUARD_ENCODERS
 #define OWN_ENCODER(n, type, params, args, version)                                              \
@@ -347,12 +413,40 @@ __attribute__((unused)) static void *own_symbol(const char *name) {
 #endif
 #ifdef TMAGUARD_LAUNCH_EX
     if (strcmp(name, "cuLaunchKernelEx") == 0) return (void *)cuLaunchKernelEx;
+    if (strcmp(name, "cuLaunchKernelEx_ptsz") == 0) return (void *)cuLaunchKernelEx_ptsz;
 #endif
     (void)name;
     return NULL;
 }
 
 #ifdef TMAGUARD_PROC_ADDRESS_V2
+
+#include "proc_versions.h"
+
+static int proc_version_order(const void *key, const void *row) {
+    return strcmp(key, ((const struct proc_version *)row)->name);
+}
+
+/*
+ * The symbol that implements entry point `name` for a caller built against CUDA `cuda_version`, as the
+ * driver chooses it: the newest ABI not newer than the caller, its per-thread-default-stream variant when
+ * the flags ask for it. NULL (status: version not sufficient) when every ABI is newer than the caller. A
+ * name the table does not know (newer than the headers it was generated from) stands for itself.
+ */
+static const char *versioned_symbol(const char *name, int cuda_version, cuuint64_t flags, int *status) {
+    size_t count = sizeof proc_versions / sizeof proc_versions[0];
+    const struct proc_version *hit = bsearch(name, proc_versions, count, sizeof *hit, proc_version_order);
+    if (hit == NULL) return name;
+    while (hit > proc_versions && strcmp(hit[-1].name, name) == 0) hit--;
+    const struct proc_version *best = NULL;
+    for (; hit < proc_versions + count && strcmp(hit->name, name) == 0; hit++)
+        if (hit->version <= cuda_version) best = hit; /* rows of one name are in version order */
+    if (best == NULL) {
+        *status = PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
+        return NULL;
+    }
+    return (flags & PER_THREAD_DEFAULT_STREAM) && best->per_thread ? best->per_thread : best->symbol;
+}
 
 static int proc_address_source = SOURCE_UNRESOLVED;
 static void *proc_address_layer; /* kept open: libcuda.so.1 is never unloaded anyway */
@@ -365,14 +459,19 @@ EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cuda_ver
 /*
  * CUDA 12+'s entry-point look-up, built on the layer's own look-ups so that every name the layer hooks
  * keeps its hook: the names this library supplies first (so cudart and Triton get them too), then the
- * layer's v2 when it has one, else its v1 (the status is derived from the pointer), else a plain dlsym.
+ * layer's v2 when it has one, else its v1 (the status is derived from the pointer), else, for a layer
+ * without any (built before CUDA 11.3), the layer's export of the exact versioned symbol the driver would
+ * hand out (proc_versions.h); a symbol the layer lacks is not found, as on an older driver.
  */
 EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cuda_version,
                                     cuuint64_t flags, int *status) {
     if (pfn == NULL || symbol == NULL) return CUDA_ERROR_INVALID_VALUE;
-    void *own = own_symbol(symbol);
-    if (own == NULL && strcmp(symbol, "cuGetProcAddress") == 0 && cuda_version >= 12000)
-        own = (void *)cuGetProcAddress_v2; /* what the real driver answers from CUDA 12.0 on */
+    *pfn = NULL;
+    int not_found = PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    const char *exact = versioned_symbol(symbol, cuda_version, flags, &not_found);
+    void *own = NULL;
+    if (exact != NULL)
+        own = strcmp(exact, "cuGetProcAddress_v2") == 0 ? (void *)cuGetProcAddress_v2 : own_symbol(exact);
     if (own != NULL) {
         *pfn = own;
         if (status != NULL) *status = PROC_ADDRESS_SUCCESS;
@@ -390,7 +489,6 @@ EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cuda_ver
     int source = proc_address_source;
     pthread_mutex_unlock(&resolve_lock);
 
-    *pfn = NULL;
     CUresult result;
     switch (source) {
     case SOURCE_LAYER_PROC_ADDRESS_V2:
@@ -399,13 +497,13 @@ EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cuda_ver
         result = layer_v1(symbol, pfn, cuda_version, flags);
         break;
     case SOURCE_LAYER_SYMBOL:
-        *pfn = dlsym(proc_address_layer, symbol);
+        *pfn = exact != NULL ? dlsym(proc_address_layer, exact) : NULL;
         result = *pfn ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
         break;
     default:
         return CUDA_ERROR_NOT_INITIALIZED; /* nothing loaded libcuda.so.1 yet */
     }
-    if (status != NULL) *status = *pfn ? PROC_ADDRESS_SUCCESS : PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    if (status != NULL) *status = *pfn ? PROC_ADDRESS_SUCCESS : not_found;
     return result;
 }
 
@@ -443,7 +541,7 @@ static int is_own_address(const void *fn) {
     if (fn == (const void *)cuGetProcAddress_v2) return 1;
 #endif
 #ifdef TMAGUARD_LAUNCH_EX
-    if (fn == (const void *)cuLaunchKernelEx) return 1;
+    if (fn == (const void *)cuLaunchKernelEx || fn == (const void *)cuLaunchKernelEx_ptsz) return 1;
 #endif
     return 0;
 }

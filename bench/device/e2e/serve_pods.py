@@ -198,7 +198,12 @@ class Server:
         shutil.rmtree(self.out, ignore_errors=True)
         self.out.mkdir(parents=True)
         pod_env = {**build_pod(name, shape), **extra}
-        env = {**base_environ(), **pod_env, "TMAGUARD_RECORD_DIR": str(self.out / "records")}
+        env = {
+            **base_environ(),
+            **pod_env,
+            "TMAGUARD_RECORD_DIR": str(self.out / "records"),
+            "VLLM_CACHE_ROOT": str(STATE / "cache" / name),  # servers starting together compile apart
+        }
         command = [
             PYTHON, "-m", "vllm.entrypoints.cli.main", "serve", str(MODEL), "--served-model-name", "tiny",
             "--port", str(port), "--seed", "0", *SHARED_GPU,
@@ -236,6 +241,7 @@ def main() -> None:
     """Starts every named pod's server at once, then, for the pods that became ready: the prompt set one
     pod after another, and the benchmark interleaved (each concurrency runs on every pod before the next
     concurrency), ROUNDS times, so that drift over the run falls on every pod alike."""
+    deadline = time.monotonic() + float(os.environ.get("E2E_BUDGET_S", "500"))
     servers = []
     for index, name in enumerate(sys.argv[1:]):
         servers.append(Server(name, 8100 + index))
@@ -251,7 +257,10 @@ def main() -> None:
         for round_ in range(ROUNDS):
             for concurrency in CONCURRENCY:
                 for server in ready:
-                    result = bench(server.port, server.out, client_env, concurrency, round_)
+                    if time.monotonic() > deadline:  # leave time to stop the servers and return results
+                        result = {"error": "skipped: the call's time budget was spent"}
+                    else:
+                        result = bench(server.port, server.out, client_env, concurrency, round_)
                     server.summary.setdefault("bench", {}).setdefault(str(concurrency), []).append(result)
     finally:
         for server in servers:

@@ -1,0 +1,138 @@
+"""Tables and the plot of docs/e2e-on-hopper.md from the end-to-end run's results (serve_pods.py's
+summary.json per pod, as the device call returned them), and the raw summaries under docs/device/e2e/.
+
+usage: python bench/device/e2e/report.py RESULTS_DIR   (prints the tables as Markdown; writes
+docs/device/e2e/<pod>.json and docs/img/e2e_throughput.png)"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+ORDER = ("a", "b", "c", "d", "e-latency", "e-portable", "a2")
+KERNEL = re.compile(r"Using (\w+) for AutoGPTQLinearMethod|Using FlashAttention version (\d)")
+
+
+def load(results: Path) -> dict[str, dict]:
+    pods = {}
+    for name in ORDER:
+        path = results / name / "summary.json"
+        if path.exists():
+            pods[name] = json.loads(path.read_text())
+    return pods
+
+
+def bench_value(pod: dict, concurrency: str, field: str) -> float | None:
+    runs = [r.get(field) for r in pod.get("bench", {}).get(concurrency, []) if r.get(field) is not None]
+    return statistics.median(runs) if runs else None
+
+
+def kernels(pod: dict) -> str:
+    gemm, attention = "?", "?"
+    for line in pod.get("log_lines", []):
+        match = KERNEL.search(line)
+        if match and match.group(1):
+            gemm = match.group(1).removesuffix("LinearKernel")
+        elif match:
+            attention = f"FA{match.group(2)}"
+    return f"{gemm} + {attention}"
+
+
+def mismatches(pod: dict, reference: dict) -> str:
+    ours, theirs = pod.get("outputs"), reference.get("outputs")
+    if not ours or not theirs:
+        return "-"
+    differ = sum(a["token_ids"] != b["token_ids"] for a, b in zip(ours, theirs, strict=True))
+    tokens = sum(
+        sum(x != y for x, y in zip(a["token_ids"], b["token_ids"], strict=True))
+        for a, b in zip(ours, theirs, strict=True)
+    )
+    return f"{differ}/{len(ours)} prompts ({tokens} of {64 * len(ours)} tokens)"
+
+
+def outcome(pod: dict) -> str:
+    if pod.get("ready_s") is not None:
+        return "served"
+    errors = [line for line in pod.get("log_tail", []) if "Error" in line or "undefined symbol" in line]
+    return f"failed (exit {pod.get('exit_code')}): `{errors[-1].strip()[:200]}`" if errors else "failed"
+
+
+def tables(pods: dict[str, dict]) -> list[str]:
+    a = pods["a"]
+    lines = [
+        "| pod | what | ready (s) | outcome | W4A16 GEMM + attention | outputs vs a |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, pod in pods.items():
+        ready = f"{pod['ready_s']:.1f}" if pod.get("ready_s") else "-"
+        lines.append(
+            f"| {name} | {pod['what']} | {ready} | {outcome(pod)} | {kernels(pod)} | "
+            f"{mismatches(pod, a) if name != 'a' else 'reference'} |"
+        )
+    lines += ["", "| pod | concurrency | output tok/s | vs a | median TTFT (ms) | median TPOT (ms) |"]
+    lines.append("|---|---|---|---|---|---|")
+    for name, pod in pods.items():
+        for concurrency in ("1", "8", "64"):
+            tok = bench_value(pod, concurrency, "output_throughput")
+            if tok is None:
+                continue
+            base = bench_value(a, concurrency, "output_throughput")
+            ttft = bench_value(pod, concurrency, "median_ttft_ms")
+            tpot = bench_value(pod, concurrency, "median_tpot_ms")
+            lines.append(
+                f"| {name} | {concurrency} | {tok:.0f} | {tok / base:.3f} | {ttft:.1f} | {tpot:.2f} |"
+            )
+    return lines
+
+
+def records(pods: dict[str, dict]) -> list[str]:
+    lines = ["| pod | pid | trigger | guard ms | summary |", "|---|---|---|---|---|"]
+    for name, pod in pods.items():
+        for record in pod.get("records", []):
+            lines.append(
+                f"| {name} | {record['pid']} | {record['trigger']} | {record['elapsed_ms']} | "
+                f"{record['summary']} |"
+            )
+    return lines
+
+
+def plot(pods: dict[str, dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(7, 4))
+    for name, pod in pods.items():
+        points = [(int(c), bench_value(pod, c, "output_throughput")) for c in ("1", "8", "64")]
+        points = [(c, v) for c, v in points if v is not None]
+        if points:
+            axis.plot(*zip(*points, strict=True), marker="o", label=f"{name}: {pod['what']}")
+    axis.set_xscale("log", base=2)
+    axis.set_yscale("log")
+    axis.set_xlabel("concurrency (requests in flight)")
+    axis.set_ylabel("output tokens/s")
+    axis.set_title("vllm serve on an H100, vLLM 0.25.1, W4A16 GPTQ (Llama-2-7B layer shapes)")
+    axis.legend(fontsize=7)
+    axis.grid(True, which="both", alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
+def main() -> None:
+    results = Path(sys.argv[1])
+    pods = load(results)
+    raw = ROOT / "docs/device/e2e"
+    raw.mkdir(parents=True, exist_ok=True)
+    for name, pod in pods.items():
+        (raw / f"{name}.json").write_text(json.dumps(pod, indent=1))
+    plot(pods, ROOT / "docs/img/e2e_throughput.png")
+    print("\n".join([*tables(pods), "", *records(pods)]))
+
+
+if __name__ == "__main__":
+    main()
