@@ -137,7 +137,8 @@ ASKS = {
     ("cuMemcpyAsync", 12080, PER_THREAD): [0, 0, "layer:cuMemcpyAsync_ptsz"],
     ("cuStreamBeginCapture", 12000, PER_THREAD): [0, 0, "layer:cuStreamBeginCapture_v2_ptsz"],
     ("cuStreamBeginCapture", 10000, 0): [0, 0, "layer:cuStreamBeginCapture"],
-    ("cuGraphInstantiate", 12000, 0): [0, 0, "layer:cuGraphInstantiateWithFlags"],
+    # cuda.h 12 renames cuGraphInstantiate to cuGraphInstantiateWithFlags; the driver's look-up does not
+    ("cuGraphInstantiate", 12000, 0): [0, 0, "layer:cuGraphInstantiate_v2"],
     ("cuGraphInstantiate", 11000, 0): [0, 0, "layer:cuGraphInstantiate_v2"],
     ("cuLaunchKernel", 12000, PER_THREAD): [0, 0, "layer:cuLaunchKernel_ptsz"],
     ("cuMemFree", 12000, 0): [0, 0, "layer:cuMemFree_v2"],

@@ -54,7 +54,8 @@ def run_as_arbitrary_user(image: Path) -> Result:
         "STANDIN_NVML_COUNT": "1",
         "HOME": "/tmp",
     }
-    command = ["setpriv", f"--reuid={uid}", "--regid=0", "--clear-groups", "--", sys.executable, "-c", RESOLVE]
+    user = ("setpriv", f"--reuid={uid}", "--regid=0", "--clear-groups", "--")
+    command = [*user, sys.executable, "-c", RESOLVE]
     try:
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240, cwd="/tmp")
     finally:
