@@ -321,6 +321,21 @@ def build_pod(
     return Pod(kind, root, lib_dir, real_driver, env)
 
 
+# Imports the vLLM 0.6 look-alike (build_old_vllm on PYTHONPATH), encodes through its `_C`, prints RESULT.
+OLD_VLLM_IMPORT = """
+import json
+out = {}
+try:
+    import vllm
+    descriptor, status = vllm._C.encode_probe()
+    out["encode"] = [status, descriptor.hex()]
+    out["version"] = vllm.__version__
+except Exception as error:
+    out["error"] = f"{type(error).__name__}: {error}"
+print("RESULT " + json.dumps(out))
+"""
+
+
 def build_old_vllm(base: Path, build_dir: Path | None = None) -> Path:
     """A directory to put first on PYTHONPATH that holds a vLLM 0.6.6.post1 look-alike.
 
