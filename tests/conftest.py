@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from podkit import DEFAULT_BUILD_DIR, Pod, build_pod, build_standins, child_environ
+from podkit import DEFAULT_BUILD_DIR, Pod, build_pod, build_standins, child_environ, guard_lines
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class Run:
         return json.loads(lines[-1].removeprefix("RESULT "))
 
     def guard_lines(self) -> list[str]:
-        return [line for line in self.stdout.splitlines() if line.startswith("(tmaguard pid=")]
+        return guard_lines(self.stdout)
 
     def last_record(self) -> dict:
         return json.loads((self.record_dir / "last.json").read_text())
@@ -74,11 +74,11 @@ def installed_package_is_current() -> None:
 
     installed = Path(vllm_tmaguard.__file__).parent
     source = Path(__file__).resolve().parent.parent / "vllm_tmaguard"
-    stale = [
-        p.name
-        for p in source.glob("*.py")
-        if not (installed / p.name).exists() or (installed / p.name).read_bytes() != p.read_bytes()
-    ]
+    def differs(relative: Path) -> bool:
+        copy = installed / relative
+        return not copy.exists() or copy.read_bytes() != (source / relative).read_bytes()
+
+    stale = [str(r) for r in (p.relative_to(source) for p in source.rglob("*.py")) if differs(r)]
     assert not stale, f"installed vllm_tmaguard differs from the source ({stale}): run scripts/setup_env.sh"
 
 
@@ -112,6 +112,7 @@ def run_python(tmp_path: Path) -> Callable[..., Run]:
             timeout=timeout,
             cwd=tmp_path,
         )
+        guard_lines(done.stdout + "\n" + done.stderr)  # every guard line of every pod run is checked
         return Run(done.returncode, done.stdout, done.stderr, record_dir)
 
     return run

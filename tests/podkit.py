@@ -71,6 +71,21 @@ def child_environ(
     return env
 
 
+# The guard's one log line must stay readable in `kubectl logs` (vllm_tmaguard/record.py render_text).
+GUARD_LINE_LIMIT = 400
+GUARD_LINE_PREFIX = "(tmaguard pid="
+
+
+def guard_lines(output: str) -> list[str]:
+    """The guard's log lines in a child's output, each checked against GUARD_LINE_LIMIT. Every runner of pod
+    processes calls this on what the child printed. A JSON record (TMAGUARD_LOG_FORMAT=json, for log
+    shippers) is the full record by design and exempt."""
+    lines = [line for line in output.splitlines() if line.startswith(GUARD_LINE_PREFIX)]
+    long = [line for line in lines if len(line) > GUARD_LINE_LIMIT and "] {" not in line]
+    assert not long, f"guard line over {GUARD_LINE_LIMIT} characters ({len(long[0])}):\n{long[0]}"
+    return lines
+
+
 @dataclass(frozen=True)
 class Pod:
     kind: str

@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 from podkit import child_environ, scrubbed_environ
 
-from vllm_tmaguard import doctor as doctor_module
+from vllm_tmaguard.doctor.children import gpu_facts_from
+from vllm_tmaguard.doctor.findings.platform import gpu_findings
+from vllm_tmaguard.doctor.render import render_text
 from vllm_tmaguard.vllm_probe import find_package_dir
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "doctor_vcuda_rtx4090.txt"
@@ -289,8 +291,8 @@ def _normalise(report: dict, replacements: dict[str, str]) -> dict:
 
 
 def test_readable_output_golden(pods, doctor, monkeypatch) -> None:
-    """The readable report of the seed scenario (vCUDA, RTX 4090). Rendered with doctor.render() from the
-    JSON the command printed, after replacing machine-specific paths, so the wrapping is the same everywhere.
+    """The readable report of the first scenario (vCUDA, RTX 4090). Rendered with render_text() from the JSON
+    the command printed, after replacing machine-specific paths, so the wrapping is the same everywhere.
     Refresh after an intended change: TMAGUARD_UPDATE_GOLDEN=1 pytest tests/test_doctor.py -k golden"""
     pod = pods("vcuda")
     run = doctor(pod, "--json")
@@ -299,7 +301,7 @@ def test_readable_output_golden(pods, doctor, monkeypatch) -> None:
     )
     monkeypatch.delenv("COLUMNS", raising=False)
     out = io.StringIO()
-    doctor_module.render(report, file=out)
+    render_text(report, file=out)
     text = "\n".join(line.rstrip() for line in out.getvalue().splitlines()) + "\n"
     if os.environ.get("TMAGUARD_UPDATE_GOLDEN") == "1":
         GOLDEN.parent.mkdir(exist_ok=True)
@@ -359,13 +361,13 @@ def test_failing_nvml_is_a_finding(pods, doctor) -> None:
 
 def test_crashed_nvml_query_is_explained() -> None:
     run = {"timeout_s": 5.0, "timed_out": False, "exit_status": 255, "elapsed_ms": 3.0, "stderr_tail": "bye"}
-    facts = doctor_module.gpu_facts_from(None, run)
+    facts = gpu_facts_from(None, run)
     assert (
         facts.gpus == ()
         and facts.error == "the NVML query process exited with status 255 before answering: bye"
     )
     report = {"gpu": {"gpus": [], "error": facts.error, "query": run}}
-    (finding,) = doctor_module._gpu_findings(report)
+    (finding,) = gpu_findings(report)
     assert finding["id"] == "nvml-crashed" and finding["severity"] == "error"
 
 

@@ -1,5 +1,5 @@
 """The guard with vLLM 0.32.0's real extension binaries and platform code, in fresh processes on emulated
-pods (DESIGN.md §5): vLLM's own NVML detection picks CUDA and imports vllm.platforms.cuda for real."""
+pods (docs/design.md §6.1): vLLM's own NVML detection picks CUDA and imports vllm.platforms.cuda for real."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from podkit import Pod, expected_descriptor, scrubbed_environ
+from podkit import Pod, expected_descriptor, guard_lines, scrubbed_environ
 
 # vLLM's start-up path: `import vllm`, then resolving the platform (which imports the CUDA extension).
 RESOLVE = """
@@ -59,7 +59,7 @@ class Result:
         return json.loads(lines[-1].removeprefix("RESULT ")) if lines else None
 
     def guard_lines(self) -> list[str]:
-        return [line for line in self.stdout.splitlines() if line.startswith("(tmaguard pid=")]
+        return guard_lines(self.stdout)
 
     def line(self) -> str:
         lines = self.guard_lines()
@@ -108,7 +108,9 @@ class Child:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
             returncode = None
-        return Result(returncode, self.out.read_text(), self.err.read_text(), self.record_dir)
+        result = Result(returncode, self.out.read_text(), self.err.read_text(), self.record_dir)
+        guard_lines(result.stdout + "\n" + result.stderr)  # every guard line of every pod run is checked
+        return result
 
 
 MODES = {"off": {"TMAGUARD_MODE": "off"}, "guard": {}, "strict": {"TMAGUARD_STRICT": "1"}}

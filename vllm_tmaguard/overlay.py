@@ -1,6 +1,6 @@
 """The overlay: a library with SONAME libcuda.so.1 that depends on the layer's own file and adds only the
 entry points the layer lacks. Loaded before anything else loads libcuda.so.1, it becomes the process's
-libcuda.so.1 (DESIGN.md §2.5), so handle-scoped look-ups (cudart's cuGetProcAddress_v2, Triton's
+libcuda.so.1 (docs/design.md §2.6), so handle-scoped look-ups (cudart's cuGetProcAddress_v2, Triton's
 cuLaunchKernelEx) find the layer's hooked functions and the added ones."""
 
 from __future__ import annotations

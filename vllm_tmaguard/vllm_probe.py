@@ -18,6 +18,8 @@ _RECORD_EXTENSION = re.compile(r"^(vllm/[^,]*\.so),", re.M)
 _MODULE_IMPORT = re.compile(r"^import (vllm\._C\w*)", re.M)
 # CUDA driver API names: cu + an upper-case letter (cuda* is the runtime, cufft*/cublas* other libraries).
 _DRIVER_SYMBOL = re.compile(r"cu[A-Z]")
+# An extension built for one interpreter ABI (_C.cpython-312-x86_64-linux-gnu.so); abi3 and plain .so are not.
+_ABI_TAGGED = re.compile(r"\.(?:cpython|pypy)[^./]*\.so$")
 
 
 @dataclass(frozen=True)
@@ -82,18 +84,26 @@ def _dist_info_record(package_dir: str, version: str | None) -> str | None:
     return _read_text(os.path.join(site, names[0], "RECORD")) if len(names) == 1 else None
 
 
+def loadable_here(path: str) -> bool:
+    """Whether this interpreter would import the file: not an extension built for another Python's ABI
+    (packages such as DeepGEMM ship one `_C.cpython-3XY-*.so` per CPython version)."""
+    name = os.path.basename(path)
+    return not _ABI_TAGGED.search(name) or name.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES))
+
+
 @functools.lru_cache(maxsize=8)
 def _extension_files(package_dir: str, version: str | None) -> tuple[str, ...]:
-    """Every *.so under the package: from the wheel's RECORD (cheap), else by walking the tree. Cached: the
-    doctor asks twice (the guard's probe and the fat-binary scan)."""
+    """Every *.so under the package this interpreter could load: from the wheel's RECORD (cheap), else by
+    walking the tree. Cached: the doctor asks twice (the guard's probe and the fat-binary scan)."""
     site = os.path.dirname(package_dir)
     record = _dist_info_record(package_dir, version)
     if record is not None:
-        return tuple(sorted(os.path.join(site, f) for f in _RECORD_EXTENSION.findall(record)))
-    found = []
-    for directory, _, names in os.walk(package_dir):
-        found.extend(os.path.join(directory, n) for n in names if n.endswith(".so"))
-    return tuple(sorted(found))
+        found = [os.path.join(site, f) for f in _RECORD_EXTENSION.findall(record)]
+    else:
+        found = []
+        for directory, _, names in os.walk(package_dir):
+            found.extend(os.path.join(directory, n) for n in names if n.endswith(".so"))
+    return tuple(sorted(path for path in found if loadable_here(path)))
 
 
 def _module_name(package_dir: str, path: str) -> str:
