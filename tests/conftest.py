@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from podkit import DEFAULT_BUILD_DIR, Pod, build_pod, build_standins, child_environ, guard_lines
+from releasekit import Release, build_release
 
 
 @dataclass(frozen=True)
@@ -35,35 +35,10 @@ class Run:
         return json.loads((self.record_dir / "last.json").read_text())
 
 
-REPO = Path(__file__).resolve().parent.parent
-ARCHES = ("x86_64", "aarch64")  # one manylinux_2_28 wheel each
-
-
-@dataclass(frozen=True)
-class Release:
-    """What scripts/build_wheels.sh built: the sdist and one wheel per architecture."""
-
-    sdist: Path
-    wheels: dict[str, Path]  # "x86_64" / "aarch64" -> the wheel
-    printed: str  # the script's output
-    seconds: float
-
-
 @pytest.fixture(scope="session")
 def release(tmp_path_factory: pytest.TempPathFactory) -> Release:
     """The release files, built once per session by the script a maintainer runs."""
-    out = tmp_path_factory.mktemp("dist")
-    started = time.monotonic()
-    done = subprocess.run(
-        ["bash", str(REPO / "scripts" / "build_wheels.sh"), str(out)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert done.returncode == 0, f"scripts/build_wheels.sh failed:\n{done.stdout}\n{done.stderr}"
-    (sdist,) = out.glob("vllm_tmaguard-*.tar.gz")
-    wheels = {arch: next(out.glob(f"vllm_tmaguard-*-py3-none-manylinux_2_28_{arch}.whl")) for arch in ARCHES}
-    return Release(sdist, wheels, done.stdout, time.monotonic() - started)
+    return build_release(tmp_path_factory.mktemp("dist"))
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -16,8 +16,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import ARCHES, Release
 from podkit import OLD_VLLM_IMPORT, build_old_vllm, child_environ, expected_descriptor
+from releasekit import ARCHES, Release
 
 from vllm_tmaguard.elf import EM_AARCH64, EM_X86_64, read_elf
 
