@@ -114,7 +114,7 @@ def test_read_only_runtime_directory_falls_back_to_memfd(pods, run_python) -> No
     run = consumers(run_python, pods("vcuda"), TMAGUARD_RECORD_DIR="/proc/tmaguard-cannot-write-here")
     assert run.result["cudart"] == [0, 0, 0]
     (line,) = run.guard_lines()
-    assert "loaded the overlay /proc/self/fd/" in line
+    assert "overlay loaded (in memory)" in line
 
 
 @pytest.mark.parametrize("kind", ["vcuda-fork", "bare"])

@@ -122,19 +122,24 @@ def _library_name(library: str) -> str:
 MESSAGE_LIMIT = 335
 _PART_LIMIT = 150
 _SHIM_NAMES = {file: name for name, file in SHIM_FILES.items()}
+_NOT_WRITTEN = ("TMAGUARD_RECORD_DIR unusable", "could not write the record")  # guard.py's failures
 
 
 def render_text(record: dict[str, Any]) -> str:
     """The log line: the outcome, what was loaded, the first failure and problem, the routing in a phrase,
-    and where the full record is. Parts that do not fit are cut, the last ones first."""
+    and where the full record is. Parts that do not fit are cut, the last ones first. Where no record file
+    was written, the failures take the room: the line is all there is."""
     loaded = _loaded(record["actions"])
     outcome = record["summary"]
     if loaded:  # what was loaded says it: "supplying them (with the overlay)" need not
         outcome = outcome.split("; supplying them")[0].split("; would supply them")[0]
+    unwritten = any(f.startswith(_NOT_WRITTEN) for f in record["failed"])
     parts = [f"tmaguard: {_clip(outcome)}", *loaded]
-    parts += _first("FAILED", record["failed"]) + _first("PROBLEM", record["unfixed"])
+    parts += _first("FAILED", record["failed"], 240 if unwritten else 56)
+    parts += _first("PROBLEM", record["unfixed"])
     parts += [phrase] if (phrase := _routing_phrase(record["routing"], record["tma"])) else []
-    tail = _clip(f"details: {_record_file(record)}", MESSAGE_LIMIT // 2)
+    where = "no record file written" if unwritten else _record_file(record)
+    tail = _clip(f"details: {where}", MESSAGE_LIMIT // 2)
     room = MESSAGE_LIMIT - len(tail)
     kept: list[str] = []
     for part in parts:
@@ -150,11 +155,11 @@ def _clip(text: str, limit: int = _PART_LIMIT) -> str:
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
 
-def _first(label: str, items: list[str]) -> list[str]:
+def _first(label: str, items: list[str], limit: int = 56) -> list[str]:
     if not items:
         return []
     count = f" ({len(items)})" if len(items) > 1 else ""
-    return [f"{label}{count}: {_clip(items[0], 56)}"]
+    return [f"{label}{count}: {_clip(items[0], limit)}"]
 
 
 def _loaded(actions: list[str]) -> list[str]:
@@ -162,7 +167,8 @@ def _loaded(actions: list[str]) -> list[str]:
     loaded, shims = [], []
     for action in actions:
         if action.startswith("loaded the overlay"):
-            loaded.append("overlay loaded")
+            memory = action.startswith("loaded the overlay /proc/self/fd/")  # no private directory for it
+            loaded.append("overlay loaded" + (" (in memory)" if memory else ""))
         elif action.removeprefix("loaded ") in _SHIM_NAMES:
             shims.append(_SHIM_NAMES[action.removeprefix("loaded ")])
         elif action.startswith("would load "):

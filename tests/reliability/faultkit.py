@@ -149,10 +149,12 @@ def assert_as_without(runs: dict[str, Result], *causes: str) -> str:
     assert (guard.returncode, guard.outcome) == (off.returncode, off.outcome), (guard.stdout, guard.stderr)
     line = runs["guard"].line()
     assert "FAILED" in line or "PROBLEM" in line, line
-    record = Path(line.rsplit("; details: ", 1)[-1])
-    named = line + (record.read_text() if record.is_file() else "")
+    file = Path(line.rsplit("; details: ", 1)[-1])
+    record = json.loads(file.read_text()) if file.is_file() else {}
+    named = [line, *(f"FAILED: {f}" for f in record.get("failed", ()))]
+    named += [f"PROBLEM: {u}" for u in record.get("unfixed", ())]
     for cause in causes:
-        assert cause in named, f"{cause!r} neither in the line nor in its record: {line}"
+        assert any(cause in text for text in named), f"{cause!r} in neither the line nor its record: {line}"
     return line
 
 

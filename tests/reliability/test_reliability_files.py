@@ -71,8 +71,10 @@ def test_libcuda_corrupted_with_another_one_later_on_the_path(pods, tmp_path: Pa
     (broken / "libcuda.so.1").write_bytes(header + os.urandom(4000))
     runs = run_modes(pod, tmp_path / "runs", {"LD_LIBRARY_PATH": f"{broken}:{pod.lib_dir}"})
     assert "libcuda.so.1" in runs["off"].outcome["error"]
-    line = assert_as_without(runs, f"libcuda.so.1 = {broken}/libcuda.so.1 (LD_LIBRARY_PATH)", "unreadable")
+    line = assert_as_without(runs, f"PROBLEM: {broken}/libcuda.so.1 is unreadable")
     assert "overlay" not in line
+    libcuda = runs["guard"].last_record()["libcuda"]
+    assert (libcuda["path"], libcuda["how"]) == (f"{broken}/libcuda.so.1", "LD_LIBRARY_PATH")
     assert_strict_stops(runs["strict"], f"{broken}/libcuda.so.1 is unreadable")
 
 
@@ -166,8 +168,8 @@ def test_read_only_file_system(pods, tmp_path: Path) -> None:
     assert runs["off"].outcome["error"].endswith(UNDEFINED)
     assert runs["guard"].outcome == {"platform": "NvmlCudaPlatform"}
     line = runs["guard"].line()
-    assert "loaded the overlay /proc/self/fd/" in line and "WARNING" in line
-    assert f"FAILED: TMAGUARD_RECORD_DIR unusable: cannot create {records}: Read-only file system" in line
+    assert "overlay loaded (in memory)" in line and "WARNING" in line and "no record file written" in line
+    assert f"TMAGUARD_RECORD_DIR unusable: cannot create {records}: Read-only file system" in line
     assert not records.exists()
     assert_strict_stops(runs["strict"], f"cannot create {records}: Read-only file system")
 
@@ -180,7 +182,8 @@ def test_record_write_failure_after_the_check_is_harmless(pods, tmp_path: Path) 
     (records / "last.json").mkdir()
     runs = run_modes(pods("vcuda"), tmp_path / "runs", {"TMAGUARD_RECORD_DIR": str(records)})
     assert runs["guard"].outcome == {"platform": "NvmlCudaPlatform"}
-    assert f"FAILED: could not write the record to {records}" in runs["guard"].line()
+    line = runs["guard"].line()
+    assert f"FAILED: could not write the record to {records}" in line and "no record file written" in line
     assert [p.name for p in records.iterdir() if p.name.startswith(".last.")] == []
     assert_strict_stops(runs["strict"], f"could not write the record to {records}")
 
@@ -207,11 +210,12 @@ def test_no_proc(pods, tmp_path: Path) -> None:
     done = collect_all(runs, 240)
     assert done["noproc-off"].outcome["error"].endswith(UNDEFINED)
     assert done["noproc"].outcome == {"platform": "NvmlCudaPlatform"}
-    assert "INFO" in done["noproc"].line() and "loaded the overlay" in done["noproc"].line()
+    assert "INFO" in done["noproc"].line() and "overlay loaded" in done["noproc"].line()
     assert done["noproc-preload"].outcome == done["proc-preload"].outcome == {"platform": "NvmlCudaPlatform"}
     assert done["noproc-preload"].last_record()["supplied"] == done["proc-preload"].last_record()["supplied"]
-    line = done["noproc-preload"].line()
-    assert "(mapped)" in line and "loaded libtmaguard_encoders.so" in line and "overlay" not in line
+    line, record = done["noproc-preload"].line(), done["noproc-preload"].last_record()
+    assert "shims loaded (encoders, proc-address)" in line and "overlay" not in line
+    assert record["libcuda"]["how"] == "mapped" and "loaded libtmaguard_encoders.so" in record["actions"]
     assert_strict_stops(done["noproc-preload-strict"], "was already loaded when the guard ran")
 
 

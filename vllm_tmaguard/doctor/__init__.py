@@ -12,14 +12,11 @@ Modules, each one job:
   processes, child: what runs there)
 - findings: the findings, the status and the merged fix, pure functions of the gathered report
 - render: the report for people (text) and for programs (JSON)
-- command: the command line
+- command: the command line; constants: what the modules and the child processes agree on
 
 This file stays free of imports: the child processes import vllm_tmaguard.doctor.child through it."""
 
 from __future__ import annotations
-
-SCHEMA = "tmaguard.doctor/1"
-RESULT_TAG = "TMAGUARD-DOCTOR "  # starts the line a child process prints its JSON on
 
 
 def main(argv: list[str]) -> int:

@@ -24,7 +24,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from . import RESULT_TAG
+from .constants import RESULT_TAG
 
 KNOWN_RESULTS = {
     0: "CUDA_SUCCESS",

@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from ..gpu import Gpu, GpuFacts
-from . import RESULT_TAG
+from .constants import RESULT_TAG
 
 DEFAULT_NVML_TIMEOUT = 5.0
 DEFAULT_ACTIVE_TIMEOUT = 60.0

@@ -10,8 +10,8 @@ import time
 
 from ..toggles import ToggleError, parse_toggles
 from ..trust import redact
-from . import SCHEMA
 from .children import DEFAULT_ACTIVE_TIMEOUT, DEFAULT_NVML_TIMEOUT
+from .constants import SCHEMA
 from .findings import conclude
 from .gather import gather
 from .render import render_json, render_text

@@ -21,7 +21,6 @@ from ..fatbin import sm_name
 from ..record import build_record
 from ..toggles import Toggles
 from ..vllm_probe import find_package_dir
-from . import SCHEMA
 from .binaries import architectures, consumer_rows, read_fatbins
 from .children import (
     DEFAULT_ACTIVE_TIMEOUT,
@@ -30,6 +29,7 @@ from .children import (
     run_active,
     start_gpu_query,
 )
+from .constants import SCHEMA
 from .hooks import guard_hooks, read_record
 
 
