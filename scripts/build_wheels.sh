@@ -12,19 +12,8 @@ tools="$root/build/wheel-tools"
 log="$root/build/build-wheels.log"
 declare -A compilers=([x86_64]=gcc [aarch64]=aarch64-linux-gnu-gcc)
 
-step() {  # step TITLE COMMAND...: runs COMMAND with its output in the log, prints TITLE and the time
-  local title=$1 started=$SECONDS
-  shift
-  printf '  %-58s' "$title"
-  echo "=== $title: $*" >>"$log"
-  if "$@" >>"$log" 2>&1; then
-    printf '%4d s\n' $((SECONDS - started))
-  else
-    printf 'FAILED\n\nThe last lines of %s:\n' "$log"
-    tail -n 25 "$log"
-    exit 1
-  fi
-}
+# shellcheck source=scripts/steps.sh
+source "$root/scripts/steps.sh"
 
 mkdir -p "$root/build"
 : >"$log"

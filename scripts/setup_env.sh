@@ -29,19 +29,8 @@ test_tools=(pytest nvidia-ml-py typer rich ruff hypothesis kubernetes-validate j
 wanted="$python ${torch[*]} ${vllm[*]} ${vllm_imports[*]} ${humming[*]} ${test_tools[*]}"
 stamp="$venv/.tmaguard-env-$(echo "$wanted" | sha1sum | cut -c1-12)"
 
-step() {  # step TITLE COMMAND...: runs COMMAND with its output in the log, prints TITLE and the time
-  local title=$1 started=$SECONDS
-  shift
-  printf '  %-58s' "$title"
-  echo "=== $title: $*" >>"$log"
-  if "$@" >>"$log" 2>&1; then
-    printf '%4d s\n' $((SECONDS - started))
-  else
-    printf 'FAILED\n\nThe last lines of %s:\n' "$log"
-    tail -n 25 "$log"
-    exit 1
-  fi
-}
+# shellcheck source=scripts/steps.sh
+source "$root/scripts/steps.sh"
 
 pip=("$venv/bin/python" -m pip install --disable-pip-version-check --no-input)
 mkdir -p "$venv"
