@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from faultkit import RESOLVE, UNDEFINED, Child, collect_all, run_modes
 from podkit import build_pod, scrubbed_environ
-from test_reliability import RESOLVE, UNDEFINED, Child, collect_all, run_modes
 
 from vllm_tmaguard import trust
 from vllm_tmaguard.overlay import overlay_image

@@ -1,7 +1,7 @@
 """Concurrency: many threads at the first encoder call and at activation, many vLLM processes sharing the
 record directory.
 
-The method (each fault against the same vLLM start-up with the guard off): tests/reliability/faultkit.py."""
+The method (each fault against the same vLLM start-up with the guard off): tests/faultkit.py."""
 
 from __future__ import annotations
 

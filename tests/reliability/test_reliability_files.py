@@ -1,7 +1,7 @@
 """Damaged, unreadable or missing files (libcuda.so.1, vLLM's extensions, the guard's own libraries), a
 read-only file system, no /proc, odd library paths.
 
-The method (each fault against the same vLLM start-up with the guard off): tests/reliability/faultkit.py."""
+The method (each fault against the same vLLM start-up with the guard off): tests/faultkit.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """A missing, failing or hanging NVML.
 
-The method (each fault against the same vLLM start-up with the guard off): tests/reliability/faultkit.py."""
+The method (each fault against the same vLLM start-up with the guard off): tests/faultkit.py."""
 
 from __future__ import annotations
 
