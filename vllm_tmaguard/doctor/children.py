@@ -6,11 +6,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from typing import Any
 
@@ -123,6 +121,9 @@ SHIM_SOURCES = {
 
 def run_active(timeout: float) -> dict[str, Any]:
     """The plain and the guarded check (child.py), one child process each, one after the other."""
+    import shutil  # only --active needs these: the passive doctor's start-up stays short
+    import tempfile
+
     plain, plain_run = ChildRun.start("plain", {}, timeout).collect()
     record_dir = tempfile.mkdtemp(prefix="tmaguard-doctor-")
     try:
