@@ -13,12 +13,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from .. import __version__
-from ..actions import Outcome
 from ..consumers import other_consumers, site_path, vllm_consumers
-from ..decision import decide
-from ..facts import probe
 from ..fatbin import sm_name
-from ..record import build_record
 from ..toggles import Toggles
 from ..vllm_probe import find_package_dir
 from .binaries import architectures, consumer_rows, read_fatbins
@@ -42,7 +38,12 @@ def gather(
     active_timeout: float = DEFAULT_ACTIVE_TIMEOUT,
 ) -> dict[str, Any]:
     """The report without its findings (findings.conclude adds them)."""
-    nvml = start_gpu_query(nvml_timeout)  # runs while the file probes below do their work
+    nvml = start_gpu_query(nvml_timeout)  # runs while the imports and file probes below do their work
+    from ..actions import Outcome
+    from ..decision import decide
+    from ..facts import probe
+    from ..record import build_record
+
     path = site_path(vllm_dir, sys.path)
     package_dir = vllm_dir or find_package_dir("vllm")
     others = other_consumers(path)
