@@ -20,6 +20,7 @@ _MODULE_IMPORT = re.compile(r"^import (vllm\._C\w*)", re.M)
 _DRIVER_SYMBOL = re.compile(r"cu[A-Z]")
 # An extension built for one interpreter ABI (_C.cpython-312-x86_64-linux-gnu.so); abi3 and plain .so are not.
 _ABI_TAGGED = re.compile(r"\.(?:cpython|pypy)[^./]*\.so$")
+_OWN_ABI_SUFFIXES = tuple(s for s in importlib.machinery.EXTENSION_SUFFIXES if _ABI_TAGGED.search(s))
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,7 @@ def loadable_here(path: str) -> bool:
     """Whether this interpreter would import the file: not an extension built for another Python's ABI
     (packages such as DeepGEMM ship one `_C.cpython-3XY-*.so` per CPython version)."""
     name = os.path.basename(path)
-    return not _ABI_TAGGED.search(name) or name.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES))
+    return not _ABI_TAGGED.search(name) or name.endswith(_OWN_ABI_SUFFIXES)
 
 
 @functools.lru_cache(maxsize=8)
