@@ -48,5 +48,7 @@ if [ ! -f "$stamp" ]; then
 else
   echo "Test environment $venv: up to date (pip's output: $log)"
 fi
+# setuptools builds in $root/build/: a module deleted from the source would live on in its lib/ copy.
+rm -rf "$root"/build/lib.* "$root"/build/bdist.* "$root"/build/temp.*
 step "vllm-tmaguard from $root (compiles its C libraries)" \
   "${pip[@]}" --no-build-isolation --no-deps --force-reinstall "$root"

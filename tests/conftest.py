@@ -49,11 +49,14 @@ def installed_package_is_current() -> None:
 
     installed = Path(vllm_tmaguard.__file__).parent
     source = Path(__file__).resolve().parent.parent / "vllm_tmaguard"
+
     def differs(relative: Path) -> bool:
         copy = installed / relative
         return not copy.exists() or copy.read_bytes() != (source / relative).read_bytes()
 
     stale = [str(r) for r in (p.relative_to(source) for p in source.rglob("*.py")) if differs(r)]
+    extra = (p.relative_to(installed) for p in installed.rglob("*.py"))  # a module removed from the source
+    stale += [str(r) for r in extra if not (source / r).exists()]
     assert not stale, f"installed vllm_tmaguard differs from the source ({stale}): run scripts/setup_env.sh"
 
 
