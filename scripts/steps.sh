@@ -3,7 +3,7 @@
 step() {  # step TITLE COMMAND...
   local title=$1 started=$SECONDS
   shift
-  printf '  %-58s' "$title"
+  printf '  %-68s' "$title"
   echo "=== $title: $*" >>"$log"
   if "$@" >>"$log" 2>&1; then
     printf '%4d s\n' $((SECONDS - started))
