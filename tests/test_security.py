@@ -1,4 +1,4 @@
-"""The guard never widens access (issue 8, docs/SECURITY.md): it loads code only from paths that nobody but
+"""The guard never widens access (docs/SECURITY.md): it loads code only from paths that nobody but
 root and this user can change, keeps its runtime files in a directory that is this user's alone, lets no
 toggle point it at a file to load, and keeps the environment's secrets out of what it prints and writes.
 
