@@ -1,17 +1,24 @@
 """Builds the C shims and overlays as plain shared libraries (dlopen-ed, not imported) and installs the
-.pth hook. See vllm_tmaguard/csrc/tmaguard_shim.c for what the feature groups are."""
+.pth hook. See vllm_tmaguard/csrc/tmaguard_shim.c for what the feature groups are.
+
+The libraries are not Python extensions: one wheel per architecture serves every CPython, tagged
+py3-none-<platform> (scripts/build_wheels.sh builds the manylinux_2_28 ones)."""
 
 import itertools
 import os
 
 from setuptools import Extension, setup
+from setuptools.command.bdist_wheel import bdist_wheel
 from setuptools.command.build_ext import build_ext
 from setuptools.command.build_py import build_py
 
 SOURCE = "vllm_tmaguard/csrc/tmaguard_shim.c"
-COMPILE_ARGS = ["-O2", "-fvisibility=hidden", "-Wall", "-Wextra", "-Werror", "-std=gnu11"]
-# The overlay's DT_NEEDED on the layer: a fixed-length path the guard overwrites with the layer's absolute
-# path at run time (vllm_tmaguard/overlay.py has the same constants).
+# Binds glibc's dl* functions to versions glibc 2.28 has (see the header).
+GLIBC_COMPAT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_tmaguard/csrc/glibc_compat.h")
+COMPILE_ARGS = ["-O2", "-g0", "-fvisibility=hidden", "-Wall", "-Wextra", "-Werror", "-std=gnu11"]
+COMPILE_ARGS += ["-include", GLIBC_COMPAT]
+# The overlay's dependency on the layer: a fixed-length path the guard overwrites with the layer's absolute
+# path at run time (vllm_tmaguard/overlay.py has the same constant).
 PLACEHOLDER = "/tmaguard-layer-placeholder/" + "x" * 220
 GROUPS = {"enc": "TMAGUARD_ENCODERS", "pa2": "TMAGUARD_PROC_ADDRESS_V2", "lex": "TMAGUARD_LAUNCH_EX"}
 
@@ -20,10 +27,13 @@ def library(name: str, defines: list[str], soname: str) -> Extension:
     return Extension(
         f"vllm_tmaguard.lib.{name}",
         sources=[SOURCE],
+        depends=[GLIBC_COMPAT, os.path.abspath(__file__)],  # rebuilt when the header or these flags change
         define_macros=[(d, "1") for d in defines],
         extra_compile_args=COMPILE_ARGS,
-        extra_link_args=[f"-Wl,-soname,{soname}", "-Wl,-z,now"],
-        libraries=["dl", "pthread"],
+        # libdl.so.2 by name: an older glibc exports dlopen & co. there, not in libc.so.6 (a newer one
+        # keeps libdl.so.2 as an empty compatibility library).
+        extra_link_args=[f"-Wl,-soname,{soname}", "-Wl,-z,now", "-Wl,--no-as-needed", "-l:libdl.so.2"],
+        libraries=["pthread"],
     )
 
 
@@ -34,6 +44,9 @@ def overlay(codes: tuple[str, ...]) -> Extension:
         "libcuda.so.1",
     )
     ext.define_macros.append(("TMAGUARD_LAYER_PLACEHOLDER", f'"{PLACEHOLDER}"'))
+    # The placeholder as an optional filter (DT_AUXILIARY), not DT_NEEDED: the file as shipped needs nothing
+    # outside the manylinux policy; vllm_tmaguard/overlay.py makes it DT_NEEDED on the layer's file.
+    ext.extra_link_args.append(f"-Wl,--auxiliary,{PLACEHOLDER}")
     return ext
 
 
@@ -44,22 +57,12 @@ class BuildSharedLibraries(build_ext):
     def get_export_symbols(self, ext: Extension) -> list[str]:
         return []
 
-    def build_extension(self, ext: Extension) -> None:
-        if "overlay" in ext.name:
-            ext.extra_link_args += ["-Wl,--no-as-needed", self._placeholder_library()]
-        super().build_extension(ext)
-
-    def _placeholder_library(self) -> str:
-        """An empty library whose SONAME is the placeholder: linking against it records it as DT_NEEDED."""
-        path = os.path.join(self.build_temp, "libtmaguard_placeholder.so")
-        if not os.path.exists(path):
-            os.makedirs(self.build_temp, exist_ok=True)
-            source = os.path.join(self.build_temp, "placeholder.c")
-            with open(source, "w") as file:
-                file.write("int tmaguard_placeholder;\n")
-            objects = self.compiler.compile([source], output_dir=self.build_temp, extra_postargs=["-fPIC"])
-            self.compiler.link_shared_object(objects, path, extra_postargs=[f"-Wl,-soname,{PLACEHOLDER}"])
-        return path
+    def build_extensions(self) -> None:
+        # Libraries loaded by path: no run path or library directory of the Python that builds them.
+        self.compiler.linker_so = [
+            arg for arg in self.compiler.linker_so if not arg.startswith(("-L", "-Wl,-rpath", "-Wl,-R"))
+        ]
+        super().build_extensions()
 
 
 class BuildWithPthHook(build_py):
@@ -70,6 +73,13 @@ class BuildWithPthHook(build_py):
         self.copy_file("vllm_tmaguard.pth", os.path.join(self.build_lib, "vllm_tmaguard.pth"))
 
 
+class PlatformWheel(bdist_wheel):
+    """py3-none-<platform>: the libraries do not depend on the Python version or ABI."""
+
+    def get_tag(self) -> tuple[str, str, str]:
+        return ("py3", "none", super().get_tag()[2])
+
+
 subsets = [c for n in range(1, 4) for c in itertools.combinations(GROUPS, n)]
 setup(
     ext_modules=[
@@ -77,5 +87,5 @@ setup(
         library("libtmaguard_proc_address", ["TMAGUARD_PROC_ADDRESS_V2"], "libtmaguard_proc_address.so"),
         *(overlay(codes) for codes in subsets),
     ],
-    cmdclass={"build_ext": BuildSharedLibraries, "build_py": BuildWithPthHook},
+    cmdclass={"build_ext": BuildSharedLibraries, "build_py": BuildWithPthHook, "bdist_wheel": PlatformWheel},
 )

@@ -20,7 +20,8 @@ DEVICE = Path(__file__).resolve().parent.parent / "docs" / "device"
 IMG = DEVICE.parent / "img"
 RESULTS = str(DEVICE.parent / "benchmarks.md")
 COMMAND = (
-    "`bash bench/device/run.sh` on the device machine (carry `.dev .whl`; see docs/overlay-on-hopper.md)"
+    "`bash bench/device/run.sh` on the Hopper machine, with `.dev/` and `.whl/` in the checkout "
+    "(docs/overlay-on-hopper.md)"
 )
 
 

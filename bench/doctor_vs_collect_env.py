@@ -46,7 +46,7 @@ def cli_note(env: dict[str, str]) -> str:
     last = [line for line in output.strip().splitlines() if line.strip()][-1:] or ["no output"]
     return (
         f"`vllm collect-env` itself exits {code} here (`{last[0].strip()}`): the test environment installs "
-        "vLLM with `--no-deps` (DESIGN.md §5), and the vLLM CLI imports its serving stack before any "
+        "vLLM with `--no-deps` (docs/design.md §6.1), and the vLLM CLI imports its serving stack before any "
         "subcommand. The table times `python -m vllm.collect_env`, the function the subcommand calls, so "
         "the real CLI is slower than shown."
     )

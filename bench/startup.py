@@ -3,7 +3,7 @@ import vLLM 0.32.0 and resolve its current platform (which imports the CUDA exte
 with TMAGUARD_MODE=off, interleaved, on an emulated vCUDA pod and on this machine as it is (no GPU). The
 guard's own time comes from its record (elapsed_ms: probes, decision, loading, record), which excludes
 noise from the rest of the process; the wall-clock difference is reported beside it.
-Targets (issue 7): the guard <= 5 ms and <= 0.5% of vLLM's own start-up.
+Targets: the guard <= 5 ms and <= 0.5% of vLLM's own start-up.
 
 usage: .venv/bin/python bench/startup.py [--runs N]"""
 

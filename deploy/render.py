@@ -1,7 +1,7 @@
 """Offline checks for deploy/: `kustomize build` for the subset of kustomize deploy/k8s uses, validation of
 what it renders against the Kubernetes JSON schemas that the kubernetes-validate package ships, yamllint,
 and the toggles table of docs/operator.md generated from vllm_tmaguard.toggles.TOGGLES. No cluster, no
-network, no kustomize binary; tests/test_deploy.py runs all of it.
+network, no kustomize binary; tests/deploy/ runs all of it.
 
     python deploy/render.py build deploy/k8s/overlays/vcuda   # prints the manifests, like kustomize build
     python deploy/render.py check                             # renders, validates and lints everything

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from podkit import DEFAULT_BUILD_DIR, Pod, build_pod, build_standins, child_environ
+from podkit import DEFAULT_BUILD_DIR, Pod, build_pod, build_standins, child_environ, guard_lines
+from releasekit import Release, build_release
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,7 @@ class Run:
         return json.loads(lines[-1].removeprefix("RESULT "))
 
     def guard_lines(self) -> list[str]:
-        return [line for line in self.stdout.splitlines() if line.startswith("(tmaguard pid=")]
+        return guard_lines(self.stdout)
 
     def last_record(self) -> dict:
         return json.loads((self.record_dir / "last.json").read_text())
@@ -36,6 +37,12 @@ class Run:
     def record_of(self, pid: int) -> dict:
         """One process's own record (children such as Humming's build helpers write theirs too)."""
         return json.loads((self.record_dir / f"process-{pid}.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def release(tmp_path_factory: pytest.TempPathFactory) -> Release:
+    """The release files, built once per session by the script a maintainer runs."""
+    return build_release(tmp_path_factory.mktemp("dist"))
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -46,11 +53,14 @@ def installed_package_is_current() -> None:
 
     installed = Path(vllm_tmaguard.__file__).parent
     source = Path(__file__).resolve().parent.parent / "vllm_tmaguard"
-    stale = [
-        p.name
-        for p in source.glob("*.py")
-        if not (installed / p.name).exists() or (installed / p.name).read_bytes() != p.read_bytes()
-    ]
+
+    def differs(relative: Path) -> bool:
+        copy = installed / relative
+        return not copy.exists() or copy.read_bytes() != (source / relative).read_bytes()
+
+    stale = [str(r) for r in (p.relative_to(source) for p in source.rglob("*.py")) if differs(r)]
+    extra = (p.relative_to(installed) for p in installed.rglob("*.py"))  # a module removed from the source
+    stale += [str(r) for r in extra if not (source / r).exists()]
     assert not stale, f"installed vllm_tmaguard differs from the source ({stale}): run scripts/setup_env.sh"
 
 
@@ -84,6 +94,7 @@ def run_python(tmp_path: Path) -> Callable[..., Run]:
             timeout=timeout,
             cwd=tmp_path,
         )
+        guard_lines(done.stdout + "\n" + done.stderr)  # every guard line of every pod run is checked
         return Run(done.returncode, done.stdout, done.stderr, record_dir)
 
     return run

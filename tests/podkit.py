@@ -83,6 +83,21 @@ def child_environ(
     return env
 
 
+# The guard's one log line must stay readable in `kubectl logs` (vllm_tmaguard/record.py render_text).
+GUARD_LINE_LIMIT = 400
+GUARD_LINE_PREFIX = "(tmaguard pid="
+
+
+def guard_lines(output: str) -> list[str]:
+    """The guard's log lines in a child's output, each checked against GUARD_LINE_LIMIT. Every runner of pod
+    processes calls this on what the child printed. A JSON record (TMAGUARD_LOG_FORMAT=json, for log
+    shippers) is the full record by design and exempt."""
+    lines = [line for line in output.splitlines() if line.startswith(GUARD_LINE_PREFIX)]
+    long = [line for line in lines if len(line) > GUARD_LINE_LIMIT and "] {" not in line]
+    assert not long, f"guard line over {GUARD_LINE_LIMIT} characters ({len(long[0])}):\n{long[0]}"
+    return lines
+
+
 @dataclass(frozen=True)
 class Pod:
     kind: str
@@ -355,6 +370,21 @@ def build_pod(
         _touch(root / "usr/local/nvidia/bin/gpu-client", 0o755)
 
     return Pod(kind, root, lib_dir, real_driver, env)
+
+
+# Imports the vLLM 0.6 look-alike (build_old_vllm on PYTHONPATH), encodes through its `_C`, prints RESULT.
+OLD_VLLM_IMPORT = """
+import json
+out = {}
+try:
+    import vllm
+    descriptor, status = vllm._C.encode_probe()
+    out["encode"] = [status, descriptor.hex()]
+    out["version"] = vllm.__version__
+except Exception as error:
+    out["error"] = f"{type(error).__name__}: {error}"
+print("RESULT " + json.dumps(out))
+"""
 
 
 def build_old_vllm(base: Path, build_dir: Path | None = None) -> Path:

@@ -1,5 +1,5 @@
 """The guard with vLLM 0.32.0's real extension binaries and platform code, in fresh processes on emulated
-pods (DESIGN.md §5): vLLM's own NVML detection picks CUDA and imports vllm.platforms.cuda for real."""
+pods (docs/design.md §6.1): vLLM's own NVML detection picks CUDA and imports vllm.platforms.cuda for real."""
 
 from __future__ import annotations
 
@@ -103,14 +103,14 @@ def test_with_guard_vllm_starts_and_encoder_reaches_real_driver(pods, run_python
     assert after["cuMemAlloc_v2"][0] == before["cuMemAlloc_v2"][0] + 2
 
     (line,) = run.guard_lines()
-    expected = "cuTensorMapEncodeTiled <- " + ("overlay" if overlay == "auto" else "encoders shim")
+    expected = "overlay loaded" if overlay == "auto" else "shims loaded (encoders, proc-address)"
     assert "vcuda" in line and expected in line
     if overlay == "auto":
         assert "INFO" in line
     else:  # vLLM starts, but cudart's and Triton's handle-scoped look-ups stay broken, and the line says so
-        assert (
-            "WARNING" in line
-            and "PROBLEM: cuGetProcAddress_v2 is missing from libcuda.so.1's own handle" in line
+        assert "WARNING" in line and "PROBLEM (2): cuGetProcAddress_v2 is missing from libcuda.so.1" in line
+        assert run.last_record()["unfixed"][0].startswith(
+            "cuGetProcAddress_v2 is missing from libcuda.so.1's own handle"
         )
 
 
@@ -171,7 +171,8 @@ def test_validate_mode_reports_and_changes_nothing(pods, run_python) -> None:
     run = run_python(pods("vcuda"), RESOLVE_PLATFORM, {"TMAGUARD_MODE": "validate"})
     assert run.result["error"].endswith(UNDEFINED)
     (line,) = run.guard_lines()
-    assert "would supply" in line and "would load the overlay" in line
+    assert "lacks" in line and "would load the overlay" in line
+    assert run.last_record()["actions"][0] == "would load the overlay"
 
 
 def test_json_record(pods, run_python) -> None:
@@ -225,7 +226,8 @@ def test_sm90_without_reachable_encoder_warns(pods, run_python) -> None:
     }
     assert record["layer"][0]["name"] == "lupine"
     (line,) = run.guard_lines()
-    assert "WARNING" in line and "NO KNOB: FP8 MoE" in line  # routed where knobs exist; the rest is named
+    assert "WARNING" in line and "kernels off" in line and "1 hint" in line  # routed where knobs exist
+    assert record["routing"]["hints"][0].startswith("FP8 MoE")  # the rest is named, with the flag
 
 
 def test_sm90_with_forwarded_encoder_has_usable_tma(pods, run_python) -> None:

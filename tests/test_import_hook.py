@@ -7,20 +7,7 @@ import site
 import subprocess
 import sys
 
-from podkit import build_old_vllm, expected_descriptor
-
-OLD_IMPORT = """
-import json
-out = {}
-try:
-    import vllm
-    descriptor, status = vllm._C.encode_probe()
-    out["encode"] = [status, descriptor.hex()]
-    out["version"] = vllm.__version__
-except Exception as error:
-    out["error"] = f"{type(error).__name__}: {error}"
-print("RESULT " + json.dumps(out))
-"""
+from podkit import OLD_VLLM_IMPORT, build_old_vllm, expected_descriptor
 
 
 def test_pth_file_is_installed_next_to_the_package() -> None:
@@ -31,7 +18,7 @@ def test_pth_file_is_installed_next_to_the_package() -> None:
 
 def test_old_vllm_import_fails_without_guard(pods, run_python, tmp_path) -> None:
     old = build_old_vllm(tmp_path)
-    run = run_python(pods("vcuda"), OLD_IMPORT, {"PYTHONPATH": str(old), "TMAGUARD_MODE": "off"})
+    run = run_python(pods("vcuda"), OLD_VLLM_IMPORT, {"PYTHONPATH": str(old), "TMAGUARD_MODE": "off"})
     assert (
         run.result["error"] == f"ImportError: {old}/vllm/_C.abi3.so: undefined symbol: cuTensorMapEncodeTiled"
     )
@@ -39,7 +26,7 @@ def test_old_vllm_import_fails_without_guard(pods, run_python, tmp_path) -> None
 
 def test_old_vllm_import_works_through_the_pth_hook(pods, run_python, tmp_path) -> None:
     old = build_old_vllm(tmp_path)
-    run = run_python(pods("vcuda"), OLD_IMPORT, {"PYTHONPATH": str(old)})
+    run = run_python(pods("vcuda"), OLD_VLLM_IMPORT, {"PYTHONPATH": str(old)})
     result = run.result
     assert result["version"] == "0.6.6.post1"
     status, descriptor = result["encode"]

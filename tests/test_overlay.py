@@ -114,7 +114,7 @@ def test_read_only_runtime_directory_falls_back_to_memfd(pods, run_python) -> No
     run = consumers(run_python, pods("vcuda"), TMAGUARD_RECORD_DIR="/proc/tmaguard-cannot-write-here")
     assert run.result["cudart"] == [0, 0, 0]
     (line,) = run.guard_lines()
-    assert "loaded the overlay /proc/self/fd/" in line
+    assert "overlay loaded (in memory)" in line
 
 
 @pytest.mark.parametrize("kind", ["vcuda-fork", "bare"])
@@ -160,17 +160,27 @@ def test_overlay_image_rejects_bad_layer_paths() -> None:
             overlay_image(frozenset({"encoders"}), bad)
 
 
-def test_every_overlay_variant_needs_the_placeholder_and_is_named_libcuda() -> None:
+def test_every_overlay_variant_is_named_libcuda_and_needs_the_layer_once_written(tmp_path) -> None:
+    """As shipped, a variant names the layer's placeholder in an optional DT_AUXILIARY entry (so the wheel
+    needs no library outside the manylinux policy); the overlay written for a layer needs the layer's file."""
     from vllm_tmaguard.libraries import overlay_path
-    from vllm_tmaguard.overlay import PLACEHOLDER
+    from vllm_tmaguard.overlay import PLACEHOLDER, overlay_image
 
     groups = ["encoders", "proc-address", "launch-ex"]
     variants = [frozenset(g for i, g in enumerate(groups) if mask >> i & 1) for mask in range(1, 8)]
+    layer = "/usr/local/nvidia/lib64/libcuda.so.1"
     for variant in variants:
-        out = subprocess.run(
+        shipped = subprocess.run(
             ["readelf", "-d", overlay_path(variant)], capture_output=True, text=True, check=True
-        )
-        assert f"[{PLACEHOLDER.decode()}]" in out.stdout and "Library soname: [libcuda.so.1]" in out.stdout
+        ).stdout
+        assert f"Auxiliary library: [{PLACEHOLDER.decode()}]" in shipped, shipped
+        assert "Library soname: [libcuda.so.1]" in shipped and "Shared library: [/" not in shipped
+        written = tmp_path / "libcuda.so.1"
+        written.write_bytes(overlay_image(variant, layer))
+        dynamic = subprocess.run(
+            ["readelf", "-d", written], capture_output=True, text=True, check=True
+        ).stdout
+        assert f"Shared library: [{layer}]" in dynamic and "Auxiliary" not in dynamic, dynamic
         names = subprocess.run(
             ["nm", "-D", "--defined-only", overlay_path(variant)], capture_output=True, text=True, check=True
         ).stdout

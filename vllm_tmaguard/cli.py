@@ -9,7 +9,13 @@ import typer
 
 from .toggles import ToggleError, parse_toggles
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="vllm-tmaguard: vLLM on GPU-sharing pods.")
+# Plain (click-style) help: typer's rich panels print a value type even for flags ("--help <bool>").
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    help="vllm-tmaguard: vLLM on GPU-sharing pods.",
+)
 
 
 @app.command()
@@ -52,7 +58,10 @@ def record() -> None:
 @app.command()
 def env(
     install_dir: str = typer.Option(
-        "", "--install-dir", help="write the overlay there as libcuda.so.1 (once per container, before vLLM)"
+        "",
+        "--install-dir",
+        metavar="DIR",
+        help="write the overlay there as libcuda.so.1 (once per container, before vLLM)",
     ),
 ) -> None:
     """The manifest-level fix where the guard cannot load its overlay in-process (something loads

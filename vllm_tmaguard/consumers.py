@@ -2,7 +2,7 @@
 (nothing is imported or loaded): torch's lazily loaded libraries, the CUDA runtime, Triton's launcher and
 cuda-python. vLLM's own extensions come from vllm_probe.
 
-Two ways to ask, and they matter for what can fill a gap (DESIGN.md §2.1, §2.5):
+Two ways to ask, and they matter for what can fill a gap (docs/design.md §2.1, §2.2):
 - "global": the loader binds the name when the library is loaded (NEEDED libcuda.so.1, undefined symbol);
   the process's global scope is searched first, so the guard's RTLD_GLOBAL shim reaches it.
 - "handle": the consumer calls dlopen("libcuda.so.1") and dlsym() on that handle (or asks the driver's

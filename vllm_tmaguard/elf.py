@@ -94,7 +94,9 @@ def read_elf(path: str, prefixes: tuple[bytes, ...] | None = None, symbols: bool
         raise ElfError(path, f"malformed ELF ({error})") from error
 
 
-def _section_table(path: str, image: mmap.mmap, size: int) -> tuple[_Layout, int, list[tuple], int]:
+def _section_table(
+    path: str, image: mmap.mmap | bytearray, size: int
+) -> tuple[_Layout, int, list[tuple], int]:
     """The layout, machine, section headers and .shstrtab index of an ELF image (bounds-checked)."""
     if image[:4] != b"\x7fELF":
         raise ElfError(path, "not an ELF file (bad magic)")
@@ -134,6 +136,30 @@ def section_extent(path: str, image: mmap.mmap, size: int, name: str) -> tuple[i
                     raise ElfError(path, f"section {name} runs past the end of the file")
                 return offset, length
         return None
+    except (struct.error, IndexError, OverflowError) as error:
+        raise ElfError(path, f"malformed ELF ({error})") from error
+
+
+def retag_dynamic(path: str, image: bytearray, old: int, new: int) -> int:
+    """Rewrites in place the tag of every .dynamic entry tagged `old` to `new`; returns how many there were.
+    Raises ElfError like read_elf."""
+    try:
+        layout, _, sections, _ = _section_table(path, image, len(image))
+        count = 0
+        for section in sections:
+            if section[1] != _SHT_DYNAMIC:
+                continue
+            offset, length = section[4], section[5]
+            if offset + length > len(image):
+                raise ElfError(path, "the dynamic section runs past the end of the file")
+            for at in range(offset, offset + length - layout.dyn.size + 1, layout.dyn.size):
+                tag, value = layout.dyn.unpack_from(image, at)
+                if tag == _DT_NULL:
+                    break
+                if tag == old:
+                    layout.dyn.pack_into(image, at, new, value)
+                    count += 1
+        return count
     except (struct.error, IndexError, OverflowError) as error:
         raise ElfError(path, f"malformed ELF ({error})") from error
 

@@ -1,4 +1,4 @@
-"""The GPUs, through NVML only: never a CUDA context (DESIGN.md §2.6)."""
+"""The GPUs, through NVML only: never a CUDA context (docs/design.md §2.8)."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ _VIRTUALIZATION_MODES = {0: "none", 1: "pass-through", 2: "vgpu", 3: "host-vgpu"
 
 # The first Linux driver of each CUDA release (NVIDIA's CUDA toolkit release notes). The CUDA version is
 # derived from the driver version because nvmlSystemGetCudaDriverVersion loads libcuda.so.1 to answer
-# (measured on an H200, driver 580), which would map the layer before the guard can act (DESIGN.md §2.4).
+# (measured on an H200, driver 580), which would map the layer before the guard can act (docs/design.md §2.7).
 _FIRST_DRIVER_OF_CUDA = (
     ((580, 65, 6), 13000),
     ((575, 51, 3), 12090),

@@ -1,5 +1,6 @@
-"""Sharing-layer fingerprints (DESIGN.md §2.9): cheap, passive evidence only. Never calls into the layer
-(its cuInit/nvmlInit may fork a helper or exit; some override dlsym), reads files, env and ELF tables."""
+"""Sharing-layer fingerprints (docs/design.md §2.9, §2.10): cheap, passive evidence only. Never calls into
+the layer (its cuInit/nvmlInit may fork a helper or exit; some override dlsym), reads files, env and ELF
+tables."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The overlay: a library with SONAME libcuda.so.1 that depends on the layer's own file and adds only the
 entry points the layer lacks. Loaded before anything else loads libcuda.so.1, it becomes the process's
-libcuda.so.1 (DESIGN.md §2.5), so handle-scoped look-ups (cudart's cuGetProcAddress_v2, Triton's
+libcuda.so.1 (docs/design.md §2.6), so handle-scoped look-ups (cudart's cuGetProcAddress_v2, Triton's
 cuLaunchKernelEx) find the layer's hooked functions and the added ones."""
 
 from __future__ import annotations
@@ -11,10 +11,15 @@ import os
 import tempfile
 
 from . import trust
+from .elf import ElfError, retag_dynamic
 from .libraries import overlay_path
 
-# Same constants as setup.py: the DT_NEEDED placeholder (also kept in .rodata) the layer's path replaces.
+# Same constant as setup.py: the placeholder (in .dynstr and in .rodata) the layer's path replaces.
 PLACEHOLDER = b"/tmaguard-layer-placeholder/" + b"x" * 220
+# The package's variants name the placeholder in a DT_AUXILIARY entry (an optional filter the loader may
+# skip, so that the file as shipped needs no library outside the manylinux policy); the overlay written
+# for a layer turns it into DT_NEEDED on the layer's file.
+DT_NEEDED, DT_AUXILIARY = 1, 0x7FFFFFFD
 
 
 class OverlayError(RuntimeError):
@@ -28,11 +33,18 @@ def overlay_image(groups: frozenset[str], layer_path: str) -> bytes:
     encoded = os.fsencode(layer_path)
     if len(encoded) > len(PLACEHOLDER) or b"\0" in encoded:
         raise OverlayError(f"layer path {layer_path!r} is longer than {len(PLACEHOLDER)} bytes")
-    with open(overlay_path(groups), "rb") as file:
-        image = file.read()
-    if image.count(PLACEHOLDER + b"\0") != 2:  # DT_NEEDED in .dynstr and the copy in .rodata
-        raise OverlayError(f"{overlay_path(groups)} does not carry the layer placeholder twice")
-    return image.replace(PLACEHOLDER + b"\0", encoded.ljust(len(PLACEHOLDER) + 1, b"\0"))
+    path = overlay_path(groups)
+    with open(path, "rb") as file:
+        image = bytearray(file.read())
+    if image.count(PLACEHOLDER + b"\0") != 2:  # in .dynstr and the copy in .rodata
+        raise OverlayError(f"{path} does not carry the layer placeholder twice")
+    try:
+        slots = retag_dynamic(path, image, DT_AUXILIARY, DT_NEEDED)
+    except ElfError as error:
+        raise OverlayError(str(error)) from None
+    if slots != 1:
+        raise OverlayError(f"{path} has {slots} DT_AUXILIARY entries for the layer, not one")
+    return bytes(image.replace(PLACEHOLDER + b"\0", encoded.ljust(len(PLACEHOLDER) + 1, b"\0")))
 
 
 def write_private(image: bytes, directory: str) -> str:

@@ -16,7 +16,9 @@ from . import __version__
 from .actions import Outcome
 from .decision import HANDLE_SCOPED, Decision
 from .facts import Facts
+from .libraries import SHIM_FILES
 from .routing import Routing
+from .toggles import default_record_dir
 from .trust import redact
 
 logger = logging.getLogger("vllm_tmaguard")
@@ -115,34 +117,92 @@ def _library_name(library: str) -> str:
     return library if library == "overlay" else f"{library} shim"
 
 
+# The one log line's message; vLLM's prefix (pid, level, time, file) keeps the whole line within 400
+# characters, readable in `kubectl logs`. The detail is in the record file and `tmaguard doctor`.
+MESSAGE_LIMIT = 335
+_PART_LIMIT = 150
+_SHIM_NAMES = {file: name for name, file in SHIM_FILES.items()}
+_NOT_WRITTEN = ("TMAGUARD_RECORD_DIR unusable", "could not write the record")  # guard.py's failures
+
+
 def render_text(record: dict[str, Any]) -> str:
-    parts = [f"tmaguard: {record['summary']}"]
-    gpus = record["gpu"]["gpus"]
-    if gpus:
-        parts.append(
-            "gpu "
-            + ", ".join(f"{g['name']} ({g['compute_capability']})" for g in gpus)
-            + f", driver {record['gpu']['driver_version']}"
-        )
-    for layer in record["layer"]:
-        parts.append(f"layer {layer['name']} ({'; '.join(layer['evidence'])})")
-    if record["libcuda"]["path"]:
-        parts.append(f"libcuda.so.1 = {record['libcuda']['path']} ({record['libcuda']['how']})")
-    parts += [f"{s} <- {_library_name(library)}" for s, library in record["supplied"].items()]
-    parts += record["actions"] + [f"FAILED: {f}" for f in record["failed"]]
-    if record["tma"]:
-        parts.append(f"TMA {'usable' if record['tma']['usable'] else 'unusable'}: {record['tma']['reason']}")
-    routing = record["routing"]
-    if routing:
-        parts += [f"{f['family']} -> {f['path']} ({f['why']})" for f in routing["families"]]
-        parts += [f"OVERRIDE: {o}" for o in routing["overrides"]] + [
-            f"NO KNOB: {h}" for h in routing["hints"]
-        ]
-        parts += [f"STALE: {s}" for s in routing["stale"]]
-        parts += [f"ERROR: {routing['error']}"] if routing["error"] else []
-    parts += [f"PROBLEM: {u}" for u in record["unfixed"]]
-    parts.append(f"{record['elapsed_ms']} ms")
-    return "; ".join(parts)
+    """The log line: the outcome, what was loaded, the first failure and problem, the routing in a phrase,
+    and where the full record is. Parts that do not fit are cut, the last ones first. Where no record file
+    was written, the failures take the room: the line is all there is."""
+    loaded = _loaded(record["actions"])
+    outcome = record["summary"]
+    if loaded:  # what was loaded says it: "supplying them (with the overlay)" need not
+        outcome = outcome.split("; supplying them")[0].split("; would supply them")[0]
+    unwritten = any(f.startswith(_NOT_WRITTEN) for f in record["failed"])
+    parts = [f"tmaguard: {_clip(outcome)}", *loaded]
+    parts += _first("FAILED", record["failed"], 240 if unwritten else 56)
+    parts += _first("PROBLEM", record["unfixed"])
+    parts += [phrase] if (phrase := _routing_phrase(record["routing"], record["tma"])) else []
+    where = "no record file written" if unwritten else _record_file(record)
+    tail = _clip(f"details: {where}", MESSAGE_LIMIT // 2)
+    room = MESSAGE_LIMIT - len(tail)
+    kept: list[str] = []
+    for part in parts:
+        left = room - sum(len(p) + 2 for p in kept) - 2
+        if len(part) > left:
+            kept += [_clip(part, left)] if left >= 24 else []
+            break
+        kept.append(part)
+    return "; ".join([*kept, tail])
+
+
+def _clip(text: str, limit: int = _PART_LIMIT) -> str:
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
+def _first(label: str, items: list[str], limit: int = 56) -> list[str]:
+    if not items:
+        return []
+    count = f" ({len(items)})" if len(items) > 1 else ""
+    return [f"{label}{count}: {_clip(items[0], limit)}"]
+
+
+def _loaded(actions: list[str]) -> list[str]:
+    """What was loaded (or would be, in validate mode), without paths."""
+    loaded, shims = [], []
+    for action in actions:
+        if action.startswith("loaded the overlay"):
+            memory = action.startswith("loaded the overlay /proc/self/fd/")  # no private directory for it
+            loaded.append("overlay loaded" + (" (in memory)" if memory else ""))
+        elif action.removeprefix("loaded ") in _SHIM_NAMES:
+            shims.append(_SHIM_NAMES[action.removeprefix("loaded ")])
+        elif action.startswith("would load "):
+            loaded.append(action)
+    return loaded + ([f"shims loaded ({', '.join(shims)})"] if shims else [])
+
+
+def _routing_phrase(routing: dict[str, Any] | None, tma: dict[str, Any] | None) -> str | None:
+    if routing is None:
+        return None
+    if routing["error"]:
+        return f"routing ERROR: {_clip(routing['error'], 100)}"
+    changes = []
+    if routing["disabled_kernels"]:
+        changes.append(f"{len(routing['disabled_kernels'])} kernels off")
+    if any(name.endswith("USE_DEEP_GEMM") for name in routing["env"]):
+        changes.append("DeepGEMM off")
+    if routing["blocked_imports"]:
+        changes.append(f"{len(routing['blocked_imports'])} extensions blocked")
+    if not changes:
+        changes.append("vLLM's own choices" + (", TMA kept" if tma and tma["usable"] else ""))
+    counted = {"hint": routing["hints"], "override": routing["overrides"], "note": routing["stale"]}
+    notes = [f"{len(items)} {what}{'s' * (len(items) > 1)}" for what, items in counted.items() if items]
+    return "routing: " + ", ".join(changes + notes)
+
+
+def _record_file(record: dict[str, Any]) -> str:
+    """Where the full record is: the file the guard wrote, or the command that prints it."""
+    if record.get("record_file"):
+        return record["record_file"]
+    if record["trigger"] == "cli":
+        return "tmaguard check --json"
+    directory = os.environ.get("TMAGUARD_RECORD_DIR") or default_record_dir()
+    return os.path.join(directory, "last.json")
 
 
 def _ensure_handler() -> None:

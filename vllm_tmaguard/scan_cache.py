@@ -11,7 +11,7 @@ import tempfile
 
 from .vllm_probe import Extension, VllmFacts, extension_modules, find_package_dir, probe_vllm
 
-_FORMAT = 1
+_FORMAT = 2  # 2: only the extensions this interpreter can load (vllm_probe.loadable_here)
 
 
 def _signature(paths: list[str]) -> list[list[int]] | None:

@@ -18,6 +18,9 @@ _RECORD_EXTENSION = re.compile(r"^(vllm/[^,]*\.so),", re.M)
 _MODULE_IMPORT = re.compile(r"^import (vllm\._C\w*)", re.M)
 # CUDA driver API names: cu + an upper-case letter (cuda* is the runtime, cufft*/cublas* other libraries).
 _DRIVER_SYMBOL = re.compile(r"cu[A-Z]")
+# An extension built for one interpreter ABI (_C.cpython-312-x86_64-linux-gnu.so); abi3 and plain .so are not.
+_ABI_TAGGED = re.compile(r"\.(?:cpython|pypy)[^./]*\.so$")
+_OWN_ABI_SUFFIXES = tuple(s for s in importlib.machinery.EXTENSION_SUFFIXES if _ABI_TAGGED.search(s))
 
 
 @dataclass(frozen=True)
@@ -83,17 +86,15 @@ def _dist_info_record(package_dir: str, version: str | None) -> str | None:
 
 
 def loadable_here(path: str) -> bool:
-    """This interpreter can load the file: its name ends in one of the interpreter's extension suffixes
-    right after the module name (`_C.cpython-312-x86_64-linux-gnu.so` is for CPython 3.12 only; `_C.abi3.so`
-    and plain `libx.so` for any)."""
+    """Whether this interpreter would import the file: not an extension built for another Python's ABI
+    (packages such as DeepGEMM ship one `_C.cpython-3XY-*.so` per CPython version)."""
     name = os.path.basename(path)
-    stem = name.split(".", 1)[0]
-    return any(name == stem + suffix for suffix in importlib.machinery.EXTENSION_SUFFIXES)
+    return not _ABI_TAGGED.search(name) or name.endswith(_OWN_ABI_SUFFIXES)
 
 
 @functools.lru_cache(maxsize=8)
 def _extension_files(package_dir: str, version: str | None) -> tuple[str, ...]:
-    """Every *.so under the package that this interpreter can load: from the wheel's RECORD (cheap), else by
+    """Every *.so under the package this interpreter could load: from the wheel's RECORD (cheap), else by
     walking the tree. Cached: the doctor asks twice (the guard's probe and the fat-binary scan)."""
     site = os.path.dirname(package_dir)
     record = _dist_info_record(package_dir, version)

@@ -1,5 +1,5 @@
-"""Generates a forwarding stand-in for a GPU-sharing layer from the real driver's .dynsym (DESIGN.md §5):
-one `lock incq count; jmp *table` trampoline per exported cu* name, the table filled by dlsym in a
+"""Generates a forwarding stand-in for a GPU-sharing layer from the real driver's .dynsym (docs/design.md
+§6.2): one `lock incq count; jmp *table` trampoline per exported cu* name, the table filled by dlsym in a
 constructor, minus what the layer's shape lacks. Its cuGetProcAddress answers hooked names with its own
 trampolines and passes the rest to the real driver, as vCUDA does. SONAME libcuda-control.so. Shapes:
   upstream  tkestack vCUDA built against old headers: lacks cuGetProcAddress_v2, cuLaunchKernelEx and the

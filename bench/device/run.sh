@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call (Hopper machine, no vLLM, no network): sets up vLLM 0.25.1 from .dev/, this package and a
 # generated forwarding stand-in layer, then runs the overlay checks and the benchmarks. Results: $OUT.
-# From the repository root: bash bench/device/run.sh [all|checks|encode|gemm]   (carry: .dev .whl)
+# From the repository root: bash bench/device/run.sh [all|checks|encode|gemm]   (.dev/ and .whl/ prepared as docs/overlay-on-hopper.md says)
 set -uo pipefail
 stage=${1:-all}
 wants() { [ "$stage" = all ] || [ "$stage" = "$1" ]; }

@@ -12,12 +12,13 @@
  *            placeholder the guard patches at run time), loaded before anything else loads libcuda.so.1,
  *            so handle-scoped look-ups (cudart, Triton) find the layer's functions and these.
  * Only the groups the layer lacks are built into the library the guard loads, so no name the layer exports
- * is shadowed (DESIGN.md §2.5).
+ * is shadowed (docs/design.md §2.6).
  *
- * Resolution happens once, on first use, under a lock: CUDA is initialised by then. Order (DESIGN.md §2.3,
- * §2.4): the layer's cuGetProcAddress_v2, its v1 cuGetProcAddress, then a real driver already loaded in the
- * process (the copy the layer opened: its context is the live one), then the real driver file the guard
- * found, opened only while the layer is mapped. After that each encoder call is one load and one jump.
+ * Resolution happens once, on first use, under a lock: CUDA is initialised by then. Order (docs/design.md
+ * §2.4, §2.5): the layer's cuGetProcAddress_v2, its v1 cuGetProcAddress, then a real driver already
+ * loaded in the process (the copy the layer opened: its context is the live one), then the real driver
+ * file the guard found, opened only while the layer is mapped. After that each encoder call is one load
+ * and one jump.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -76,7 +77,7 @@ static const char layer_path[] = TMAGUARD_LAYER_PLACEHOLDER;
 
 static void *layer_handle(void) { return dlopen(layer_path, RTLD_NOW | RTLD_NOLOAD); }
 #else
-/* The layer's libcuda.so.1, only if something already loaded it; never loads it (DESIGN.md §2.4). */
+/* The layer's libcuda.so.1, only if something already loaded it; never loads it (docs/design.md §2.5). */
 static void *layer_handle(void) { return dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD); }
 #endif
 

@@ -1,8 +1,9 @@
 """Tables and the plot of docs/e2e-on-hopper.md from the end-to-end run's results (serve_pods.py's
 summary.json per pod, as the device call returned them), and the raw summaries under docs/device/e2e/.
 
-usage: python bench/device/e2e/report.py RESULTS_DIR   (prints the tables as Markdown; writes
-docs/device/e2e/<pod>.json and docs/img/e2e_throughput.png)"""
+usage: python bench/device/e2e/report.py RESULTS_DIR [RESULTS_DIR ...]   (one per device call; a pod in a
+later one replaces an earlier one's; prints the tables as Markdown; writes docs/device/e2e/<pod>.json and
+docs/img/e2e_throughput.png)"""
 
 from __future__ import annotations
 
@@ -17,12 +18,13 @@ ORDER = ("a", "b", "c", "d", "e-latency", "e-portable", "a2")
 KERNEL = re.compile(r"Using (\w+) for AutoGPTQLinearMethod|Using FlashAttention version (\d)")
 
 
-def load(results: Path) -> dict[str, dict]:
+def load(results: list[Path]) -> dict[str, dict]:
     pods = {}
     for name in ORDER:
-        path = results / name / "summary.json"
-        if path.exists():
-            pods[name] = json.loads(path.read_text())
+        for directory in results:
+            path = directory / name / "summary.json"
+            if path.exists():
+                pods[name] = json.loads(path.read_text())
     return pods
 
 
@@ -124,8 +126,7 @@ def plot(pods: dict[str, dict], path: Path) -> None:
 
 
 def main() -> None:
-    results = Path(sys.argv[1])
-    pods = load(results)
+    pods = load([Path(arg) for arg in sys.argv[1:]])
     raw = ROOT / "docs/device/e2e"
     raw.mkdir(parents=True, exist_ok=True)
     for name, pod in pods.items():

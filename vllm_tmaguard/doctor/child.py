@@ -1,6 +1,6 @@
 """What `tmaguard doctor` runs in child processes, never in its own: NVML, and for --active CUDA itself.
 
-Started as `python -I -S -c 'import ...; main()' MODE JSON` (doctor.CHILD_BOOT), so nothing of the doctor's
+Started as `python -I -S -c 'import ...; main()' MODE JSON` (children.CHILD_BOOT), so nothing of the doctor's
 process is inherited but the environment; JSON carries the parent's sys.path. Prints one line
 `TMAGUARD-DOCTOR <json>`; a layer may print its own lines, or hang, or exit, and the parent copes with each.
 
@@ -24,7 +24,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-RESULT_TAG = "TMAGUARD-DOCTOR "
+from .constants import RESULT_TAG
+
 KNOWN_RESULTS = {
     0: "CUDA_SUCCESS",
     1: "CUDA_ERROR_INVALID_VALUE",

@@ -1,0 +1,88 @@
+"""The doctor's readable output (against a golden file), its command line, usage errors and help."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from doctorkit import GOLDEN, PRINTING, SITE
+from podkit import scrubbed_environ
+
+from vllm_tmaguard.doctor.render import render_text
+
+
+def _normalise(report: dict, replacements: dict[str, str]) -> dict:
+    """Paths that differ from machine to machine replaced (longest first), timings fixed."""
+    text = json.dumps(report)
+    for path, name in sorted(replacements.items(), key=lambda item: -len(item[0])):
+        text = text.replace(path, name)
+    normalised = json.loads(text)
+    normalised["elapsed_ms"] = 0.0
+    return normalised
+
+
+def test_readable_output_golden(pods, doctor, monkeypatch) -> None:
+    """The readable report of the first scenario (vCUDA, RTX 4090). Rendered with render_text() from the JSON
+    the command printed, after replacing machine-specific paths, so the wrapping is the same everywhere.
+    Refresh after an intended change: TMAGUARD_UPDATE_GOLDEN=1 pytest tests/doctor -k golden"""
+    pod = pods("vcuda")
+    run = doctor(pod, "--json")
+    report = _normalise(
+        run.report, {str(pod.root): "/pod", SITE: "/site-packages", str(run.record_dir): "/records"}
+    )
+    monkeypatch.delenv("COLUMNS", raising=False)
+    out = io.StringIO()
+    render_text(report, file=out)
+    text = "\n".join(line.rstrip() for line in out.getvalue().splitlines()) + "\n"
+    if os.environ.get("TMAGUARD_UPDATE_GOLDEN") == "1":
+        GOLDEN.parent.mkdir(exist_ok=True)
+        GOLDEN.write_text(text)
+    assert text == GOLDEN.read_text()
+
+
+def test_readable_output_of_the_command(pods, doctor) -> None:
+    run = doctor(pods("vcuda"), env={"TMAGUARD_OVERLAY": "off"})
+    assert run.returncode == 1 and run.stderr == ""
+    lines = run.stdout.splitlines()
+    assert lines[0].startswith("tmaguard doctor 0.1.0 (passive")
+    for heading in ("Driver entry points by consumer", "GPU code in vLLM's extensions", "Findings", "Fix"):
+        assert heading in lines
+    assert any(line.startswith("ERROR") and "triton: libcuda.so.1 lacks" in line for line in lines)
+    assert re.fullmatch(r"3 problems found \(exit 1\), [0-9.]+ ms", lines[-1].rstrip()), lines[-1]
+    assert 'value: "auto"' in run.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (["--nvml-timeout", "0"], {}, "argument --nvml-timeout: 0 is too small"),
+        (["--nvml-timeout", "soon"], {}, "'soon' is not a number of seconds"),
+        (["--vllm-dir", "/nonexistent"], {}, "'/nonexistent' is not a directory"),
+        (["--frobnicate"], {}, "unrecognized arguments: --frobnicate"),
+        (
+            [],
+            {"TMAGUARD_MODE": "fix-it"},
+            "TMAGUARD_MODE='fix-it' is not valid; allowed: auto | validate | off",
+        ),
+    ],
+)
+def test_usage_errors_exit_2(pods, doctor, args: list[str], env: dict[str, str], message: str) -> None:
+    run = doctor(pods("bare"), *args, env=env)
+    assert run.returncode == 2 and run.stdout == "" and message in run.stderr
+
+
+def test_console_script_and_help(pods) -> None:
+    script = Path(sys.executable).parent / "tmaguard"
+    env = scrubbed_environ(PRINTING) | pods("bare").env
+    done = subprocess.run([str(script), "doctor", "--help"], env=env, capture_output=True, text=True)
+    assert done.returncode == 0 and "Exit status: 0 healthy, 1 problems found, 2 usage error" in done.stdout
+    done = subprocess.run([str(script), "doctor", "--json"], env=env, capture_output=True, text=True)
+    assert done.returncode == 0 and json.loads(done.stdout)["schema"] == "tmaguard.doctor/1"
+    listed = subprocess.run([str(script), "--help"], env=env, capture_output=True, text=True).stdout
+    assert "doctor" in listed and "check" in listed

@@ -1,0 +1,205 @@
+"""What the fault-injection tests share: vLLM's start-up in fresh processes on an emulated pod, run with the
+guard off, on and strict at the same time, the checks that compare them, and prefixes that make the kernel
+inject real faults (a read-only bind mount, an empty /proc, file modes that bind root).
+
+One test per fault, each in fresh processes with vLLM 0.32.0 on an emulated pod. The reference is the same
+vLLM process with TMAGUARD_MODE=off, in the same pod, with the same fault: with the guard, vLLM's outcome
+(the platform it resolves, or the exception it raises) is exactly that one, and the guard adds one record
+line naming the fault or pointing at the record that does; with TMAGUARD_STRICT=1 start-up stops with a
+message naming it. Where the guard legitimately does better than "as without" (it still supplies what the
+layer lacks), the test says so.
+
+Faults that need the kernel's help are real, not simulated: a read-only bind mount and an empty /proc in a
+private mount namespace (unshare), unreadable files for a process without CAP_DAC_OVERRIDE (setpriv, when
+the tests run as root). Where the machine does not allow them, those tests fail and say what is missing."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from podkit import Pod, guard_lines, scrubbed_environ
+
+# vLLM's start-up path: `import vllm`, then resolving the platform (which imports the CUDA extension).
+RESOLVE = """
+import json
+out = {}
+try:
+    import vllm
+    print("IMPORTED", flush=True)
+    from vllm.platforms import current_platform
+    out["platform"] = type(current_platform).__name__
+except Exception as error:
+    out["error"] = f"{type(error).__name__}: {error}"
+print("RESULT " + json.dumps(out), flush=True)
+"""
+UNDEFINED = "_C_stable_libtorch.abi3.so: undefined symbol: cuTensorMapEncodeTiled"
+VLLM_DIR = Path(__import__("vllm_tmaguard.vllm_probe").vllm_probe.find_package_dir() or "")
+GUARD_DIR = Path(__import__("vllm_tmaguard").__file__).parent
+
+
+@dataclass(frozen=True)
+class Result:
+    returncode: int | None  # None: still running at the time limit (killed)
+    stdout: str
+    stderr: str
+    record_dir: Path
+
+    @property
+    def outcome(self) -> dict | None:
+        """What the child printed after 'RESULT ' (vLLM's platform or error); None if it printed nothing."""
+        lines = [line for line in self.stdout.splitlines() if line.startswith("RESULT ")]
+        return json.loads(lines[-1].removeprefix("RESULT ")) if lines else None
+
+    def guard_lines(self) -> list[str]:
+        return guard_lines(self.stdout)
+
+    def line(self) -> str:
+        lines = self.guard_lines()
+        assert len(lines) == 1, f"expected one record line\nstdout:\n{self.stdout}\nstderr:\n{self.stderr}"
+        return lines[0]
+
+    def last_record(self) -> dict:
+        return json.loads((self.record_dir / "last.json").read_text())
+
+
+class Child:
+    """A Python process inside a pod, started now, collected later (several run at once)."""
+
+    def __init__(
+        self,
+        pod: Pod | None,
+        code: str,
+        workdir: Path,
+        env: Mapping[str, str] | None = None,
+        prefix: tuple[str, ...] = (),
+        record_dir: Path | None = None,
+        cwd: Path | None = None,
+    ) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        child_env = scrubbed_environ()
+        self.record_dir = record_dir or workdir / "records"
+        child_env["TMAGUARD_RECORD_DIR"] = str(self.record_dir)
+        child_env.update(pod.env if pod else {})
+        child_env.update(env or {})
+        self.out, self.err = workdir / "stdout", workdir / "stderr"
+        with open(self.out, "w") as out, open(self.err, "w") as err:
+            self.process = subprocess.Popen(
+                [*prefix, sys.executable, "-c", code],
+                env=child_env,
+                stdout=out,
+                stderr=err,
+                stdin=subprocess.DEVNULL,
+                cwd=cwd or workdir,
+                start_new_session=True,
+            )
+
+    def collect(self, timeout: float) -> Result:
+        try:
+            returncode: int | None = self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+            returncode = None
+        result = Result(returncode, self.out.read_text(), self.err.read_text(), self.record_dir)
+        guard_lines(result.stdout + "\n" + result.stderr)  # every guard line of every pod run is checked
+        return result
+
+
+MODES = {"off": {"TMAGUARD_MODE": "off"}, "guard": {}, "strict": {"TMAGUARD_STRICT": "1"}}
+
+
+def run_modes(
+    pod: Pod,
+    workdir: Path,
+    env: Mapping[str, str] | None = None,
+    code: str = RESOLVE,
+    prefix: tuple[str, ...] = (),
+    timeout: float = 240,
+) -> dict[str, Result]:
+    """The same process with the guard off, on and strict, run at the same time."""
+    children = {
+        mode: Child(pod, code, workdir / mode, {**(env or {}), **extra}, prefix)
+        for mode, extra in MODES.items()
+    }
+    return collect_all(children, timeout)
+
+
+def collect_all(children: dict[str, Child], timeout: float) -> dict[str, Result]:
+    """Every child's result; `timeout` counts for all of them together (they run at the same time)."""
+    deadline = time.monotonic() + timeout
+    return {name: child.collect(max(0.1, deadline - time.monotonic())) for name, child in children.items()}
+
+
+def assert_as_without(runs: dict[str, Result], *causes: str) -> str:
+    """vLLM's outcome with the guard is the one without; one record line, which names each cause or points
+    at the record file that does (when the record could not be written, the line itself). Returns it."""
+    off, guard = runs["off"], runs["guard"]
+    assert off.guard_lines() == []
+    assert off.returncode is not None, "the reference run hung"
+    assert (guard.returncode, guard.outcome) == (off.returncode, off.outcome), (guard.stdout, guard.stderr)
+    line = runs["guard"].line()
+    assert "FAILED" in line or "PROBLEM" in line, line
+    file = Path(line.rsplit("; details: ", 1)[-1])
+    record = json.loads(file.read_text()) if file.is_file() else {}
+    named = [line, *(f"FAILED: {f}" for f in record.get("failed", ()))]
+    named += [f"PROBLEM: {u}" for u in record.get("unfixed", ())]
+    for cause in causes:
+        assert any(cause in text for text in named), f"{cause!r} in neither the line nor its record: {line}"
+    return line
+
+
+def assert_strict_stops(run: Result, *causes: str) -> None:
+    assert run.returncode == 1 and run.outcome is None, (run.stdout, run.stderr)
+    assert "vllm-tmaguard (TMAGUARD_STRICT=1) stopped start-up: " in run.stderr
+    for cause in causes:
+        assert cause in run.stderr, f"{cause!r} not in {run.stderr}"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Real faults from the kernel: prefixes for the child's command line
+
+
+def _works(prefix: tuple[str, ...]) -> bool:
+    try:
+        return subprocess.run([*prefix, "true"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def without_dac_override() -> tuple[str, ...]:
+    """A prefix under which file modes bind this user: root loses CAP_DAC_OVERRIDE/CAP_DAC_READ_SEARCH."""
+    if os.geteuid() != 0:
+        return ()
+    prefix = (shutil.which("setpriv") or "setpriv", "--bounding-set=-dac_override,-dac_read_search", "--")
+    if not _works(prefix):
+        pytest.fail("setpriv (util-linux) is needed to make file modes bind for root: install util-linux")
+    return prefix
+
+
+def private_mounts(script: str, *args: str) -> tuple[str, ...]:
+    """A prefix that runs `script` (sh, with `args` as $1...) in a private mount namespace, then the
+    command: `unshare -m` as root, `unshare -rm` (a user namespace) otherwise."""
+    unshare = shutil.which("unshare") or "unshare"
+    flags = "-m" if os.geteuid() == 0 else "-rm"
+    prefix = (unshare, flags, "sh", "-c", f'{script} && shift {len(args)} && exec "$@"', "sh", *args)
+    if not _works(prefix):
+        pytest.fail("unshare (util-linux) with mount namespaces is needed for this fault: install util-linux")
+    return prefix
+
+
+def read_only(directory: Path) -> tuple[str, ...]:
+    return private_mounts('mount --bind "$1" "$1" && mount -o remount,bind,ro "$1"', str(directory))
+
+
+def no_proc() -> tuple[str, ...]:
+    return private_mounts("mount -t tmpfs none /proc")
