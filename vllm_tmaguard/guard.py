@@ -4,6 +4,7 @@ the guard logs one line and gets out of the way, unless strict mode asks it to s
 from __future__ import annotations
 
 import _thread
+import errno
 import os
 import threading
 import time
@@ -34,6 +35,7 @@ NVML_TIMEOUT_S = 30.0
 # nvmlInit loads libcuda.so.1: one the guard could not read may crash the process (a truncated file: SIGBUS)
 # before the record line is out. Nothing the decision needs about such a file depends on the GPU.
 NVML_NOT_ASKED = GpuFacts(error="NVML not asked: it would load the unreadable libcuda.so.1", source="none")
+_MISSING = os.strerror(errno.ENOENT)  # elf.ElfError's reason for a file that is not there
 _lock = threading.Lock()
 _activated = False
 _record: dict[str, Any] | None = None
@@ -173,13 +175,14 @@ def _nvml_safe(facts: Facts) -> bool:
 
 
 def _probe_faults(facts: Facts) -> list[str]:
-    """What the probes could not find out, each a cause strict mode stops on."""
+    """What the probes could not find out, each a cause strict mode stops on. An extension file the wheel
+    lists but the image lacks is none: nothing can load it, so it needs nothing (the doctor lists them)."""
     faults = []
     if facts.gpu.error and facts.driver.info is not None:
         faults.append(f"{facts.gpu.error}: the GPUs are unknown, so no kernel is routed for them")
     faults += [
         f"cannot read {e.path}: {e.error}; what {e.module} needs from libcuda.so.1 is unknown"
         for e in facts.vllm.extensions
-        if e.error
+        if e.error and e.error != _MISSING
     ]
     return faults

@@ -148,9 +148,9 @@ def probe_vllm(package_dir: str | None = None) -> VllmFacts:
     if package_dir is None:
         return VllmFacts(found=False)
     version = package_version(package_dir)
-    # A file the wheel lists but the tree lacks needs nothing from libcuda.so.1: nothing can load it.
-    present = [path for path in _extension_files(package_dir, version) if os.path.exists(path)]
-    extensions = tuple(e for path in present if (e := scan_extension(package_dir, path)))
+    extensions = tuple(
+        e for path in _extension_files(package_dir, version) if (e := scan_extension(package_dir, path))
+    )
     plugins_text = _read_text(os.path.join(package_dir, "plugins", "__init__.py")) or ""
     cuda_text = _read_text(os.path.join(package_dir, "platforms", "cuda.py")) or ""
     return VllmFacts(

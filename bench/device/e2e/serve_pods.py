@@ -105,14 +105,21 @@ def get(url: str, timeout: float = 2.0) -> int:
         return 0
 
 
-def wait_ready(process: subprocess.Popen, port: int, started: float) -> float | None:
-    while time.monotonic() - started < READY_TIMEOUT_S:
-        if process.poll() is not None:
-            return None
-        if get(f"http://127.0.0.1:{port}/health") == 200:
-            return time.monotonic() - started
+def wait_ready(servers: list[Server]) -> None:
+    """Polls every server's /health together until each answers 200 or exits: each one's ready time is
+    its own (from its start to its first 200), whatever order the servers come up in."""
+    pending = list(servers)
+    while pending and time.monotonic() - min(s.started for s in pending) < READY_TIMEOUT_S:
+        for server in list(pending):
+            if server.process.poll() is not None:
+                server.summary.update(ready_s=None, exit_code=server.process.poll())
+                pending.remove(server)
+            elif get(f"http://127.0.0.1:{server.port}/health") == 200:
+                server.summary["ready_s"] = time.monotonic() - server.started
+                pending.remove(server)
         time.sleep(0.25)
-    return None
+    for server in pending:
+        server.summary.update(ready_s=None, exit_code=server.process.poll())
 
 
 def stop(process: subprocess.Popen) -> None:
@@ -226,12 +233,6 @@ class Server:
             command, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True, cwd=STATE
         )
 
-    def wait_ready(self) -> bool:
-        self.summary["ready_s"] = wait_ready(self.process, self.port, self.started)
-        if self.summary["ready_s"] is None:
-            self.summary["exit_code"] = self.process.poll()
-        return self.summary["ready_s"] is not None
-
     def finish(self) -> dict:
         stop(self.process)
         self.log.close()
@@ -256,11 +257,12 @@ def main() -> None:
     deadline = time.monotonic() + float(os.environ.get("E2E_BUDGET_S", "500"))
     first, *rest = sys.argv[1:]
     servers = [Server(first, 8100)]
-    servers[0].wait_ready()
+    wait_ready(servers)
     for index, name in enumerate(rest, start=1):
         servers.append(Server(name, 8100 + index))
         time.sleep(2)
-    ready = [server for server in servers if server.summary.get("ready_s") or server.wait_ready()]
+    wait_ready(servers[1:])
+    ready = [server for server in servers if server.summary.get("ready_s") is not None]
     client_env = {**base_environ(), "TMAGUARD_MODE": "off"}
     try:
         for server in ready if os.environ.get("E2E_PROMPTS", "1") == "1" else ():
