@@ -199,7 +199,9 @@ def _families(
             )
         )
 
-    if fa3_off:
+    if inputs.table.fa3_module is None:
+        routes.append(FamilyRoute(ATTENTION, "FlashAttention-2", "this vLLM version has no FlashAttention-3"))
+    elif fa3_off:
         routes.append(
             FamilyRoute(
                 ATTENTION,

@@ -1,7 +1,9 @@
 """vLLM's TMA-dependent kernel paths and the knobs that steer around them, by vLLM version.
 
-Read from each version's wheel (docs/research/vllm_tma_paths.md has file:line sources). Checked at run time
-against the installed vLLM: a class name its selector file does not list is reported as stale knowledge."""
+Read from each version's wheel (docs/research/vllm_tma_paths.md has file:line sources) and proven against
+each table's release by the version matrix (tests/versions, docs/compat.md): every class, knob, module and
+flag named here exists in that release. Checked at run time against the installed vLLM: a class name its
+selector file does not list is reported as stale knowledge."""
 
 from __future__ import annotations
 
@@ -70,7 +72,12 @@ _MOE_HINT = (
 _FP8_NO_KNOB = "FP8/INT8 linear layers use CUTLASS sm90 with no knob in this version: serve a non-FP8 model"
 
 _QUANT_KERNELS = "model_executor/layers/quantization/kernels/"
-_FA_ENV = {"flash_attn_env": "VLLM_FLASH_ATTN_VERSION", "fa3_module": "vllm.vllm_flash_attn._vllm_fa3_C"}
+# 0.8.5 - 0.11.x: FA version by environment; FA3 and FlashMLA extensions vLLM falls back from when unimportable.
+_FA_ENV = {
+    "flash_attn_env": "VLLM_FLASH_ATTN_VERSION",
+    "fa3_module": "vllm.vllm_flash_attn._vllm_fa3_C",
+    "flashmla_module": "vllm._flashmla_C",
+}
 # From 0.15.1: both DeepGEMM knobs, FA3 steered by its extension's import, FlashMLA likewise.
 _SINCE_0_15 = {
     "gated_to_90": True,
@@ -106,6 +113,16 @@ TABLES = (
         _MIXED_03,
         gated_to_90=True,
         deep_gemm_off=("VLLM_USE_DEEP_GEMM",),
+        no_knob=(_FP8_NO_KNOB,),
+        **_FA_ENV,
+    ),
+    VersionTable(
+        "0.11.1",
+        "0.11.2 (0.11.1's envs.py has the same knobs)",
+        _QUANT_KERNELS + "mixed_precision/__init__.py",
+        _MIXED_03,
+        gated_to_90=True,
+        deep_gemm_off=("VLLM_USE_DEEP_GEMM", "VLLM_MOE_USE_DEEP_GEMM"),
         no_knob=(_FP8_NO_KNOB,),
         **_FA_ENV,
     ),
