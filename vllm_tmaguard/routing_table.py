@@ -72,7 +72,7 @@ _MOE_HINT = (
 _FP8_NO_KNOB = "FP8/INT8 linear layers use CUTLASS sm90 with no knob in this version: serve a non-FP8 model"
 
 _QUANT_KERNELS = "model_executor/layers/quantization/kernels/"
-# 0.8.5 - 0.11.x: FA version by environment; FA3 and FlashMLA extensions vLLM falls back from when unimportable.
+# 0.8.5 - 0.11.x: FA version by environment; vLLM falls back when FA3 or FlashMLA cannot be imported.
 _FA_ENV = {
     "flash_attn_env": "VLLM_FLASH_ATTN_VERSION",
     "fa3_module": "vllm.vllm_flash_attn._vllm_fa3_C",

@@ -2,7 +2,8 @@
 and asks its own kernel selectors what they pick, through whichever API the release has (located by
 trying each release generation's import path, called with only the arguments its signature takes).
 
-Usage: python probe.py selectors | tables TABLE_JSON. Prints one line: RESULT {json}."""
+Usage: python probe.py [selectors] | tables TABLE_JSON (tests/test_routing.py runs it with -c: selectors).
+Prints one line: RESULT {json}."""
 
 import importlib
 import inspect
@@ -196,10 +197,10 @@ def module_exists(name: str) -> bool:
 
 def main() -> None:
     try:
-        if sys.argv[1] == "selectors":
-            selectors()
-        else:
+        if sys.argv[1:2] == ["tables"]:
             tables(json.loads(sys.argv[2]))
+        else:
+            selectors()
     except Exception as error:
         OUT["error"] = f"{type(error).__name__}: {error}"
     print("RESULT " + json.dumps(OUT))

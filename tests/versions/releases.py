@@ -57,7 +57,7 @@ _SERVING = (
     "cloudpickle==3.1.2",
 )
 _SINCE_0_10 = (*_SERVING, "regex==2026.11.15", "pybase64==1.5.1", "cbor2==6.3.0")
-_HARMONY = "openai-harmony==0.0.8"
+_HARMONY, _BLAKE3 = "openai-harmony==0.0.8", "blake3==1.0.11"
 _FASTAPI, _FASTAPI_0_25 = "fastapi[standard]==0.165.0", "fastapi[standard]==0.136.3"
 RELEASES = (
     # 0.6.6 imports its whole engine at `import vllm`, and finds the GPU with pynvml (nvidia-ml-py).
@@ -87,12 +87,29 @@ RELEASES = (
     Release(
         "0.10.2",
         "2.8.0",
-        (*_SINCE_0_10, _FASTAPI, _HARMONY, "llguidance==0.7.30", "xgrammar==0.1.23", "transformers==4.56.1"),
+        (
+            *_SINCE_0_10,
+            _FASTAPI,
+            _HARMONY,
+            _BLAKE3,
+            "setproctitle==1.3.8",
+            "llguidance==0.7.30",
+            "xgrammar==0.1.23",
+            "transformers==4.56.1",
+        ),
     ),
     Release(
         "0.11.2",
         "2.9.0",
-        (*_SINCE_0_10, _FASTAPI, _HARMONY, "llguidance==1.3.0", "xgrammar==0.1.25", "transformers==4.57.1"),
+        (
+            *_SINCE_0_10,
+            _FASTAPI,
+            _HARMONY,
+            _BLAKE3,
+            "llguidance==1.3.0",
+            "xgrammar==0.1.25",
+            "transformers==4.57.1",
+        ),
     ),
     Release(
         "0.15.1",
@@ -142,6 +159,7 @@ RELEASES = (
         (
             *_SINCE_0_10,
             _FASTAPI_0_25,
+            _HARMONY,
             "llguidance==1.7.6",
             "xgrammar==0.2.8",
             "transformers==5.20.2",
