@@ -142,7 +142,7 @@ def test_guard_on_platform_ops_and_selectors_follow_the_routing(
         routing = record["routing"]
         assert routing["stale"] == [], routing["stale"]
         assert record["unfixed"] == [], record["unfixed"]
-        # vllm.platform_plugins exists from 0.8 (in platforms/__init__.py until 0.10, then plugins/__init__.py)
+        # the vllm.platform_plugins group exists from 0.8 (in platforms/__init__.py until 0.10)
         assert record["vllm"]["platform_plugins"] is (release is not RELEASES[0]), record["vllm"]
         if release is RELEASES[0]:  # 0.6 imports its extension before any plugin of its runs: the .pth hook
             assert record["trigger"] == "import-hook", record["trigger"]
