@@ -127,10 +127,14 @@ def scan_extension(package_dir: str, path: str) -> Extension | None:
     return Extension(module, path, symbols)
 
 
-def names_listed(package_dir: str, relative: str, names: tuple[str, ...]) -> frozenset[str] | None:
-    """Which of `names` appear in one of the package's source files; None if the file is unreadable."""
-    text = _read_text(os.path.join(package_dir, relative))
-    return None if text is None else frozenset(n for n in names if re.search(rf"\b{n}\b", text))
+def names_listed(
+    package_dir: str, relatives: tuple[str, ...], names: tuple[str, ...]
+) -> frozenset[str] | None:
+    """Which of `names` appear in the package's source files `relatives`; None if one is unreadable."""
+    texts = [_read_text(os.path.join(package_dir, relative)) for relative in relatives]
+    if None in texts:
+        return None
+    return frozenset(n for n in names if any(re.search(rf"\b{n}\b", text) for text in texts))
 
 
 def probe_vllm(package_dir: str | None = None) -> VllmFacts:

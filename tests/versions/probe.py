@@ -175,9 +175,11 @@ def tables(table: dict) -> None:
     resolve_platform()
     import vllm.envs
 
-    module_name = "vllm." + table["listed_in"].removesuffix(".py").removesuffix("/__init__").replace("/", ".")
-    selector = importlib.import_module(module_name)
-    OUT["classes"] = sorted(n for n, v in vars(selector).items() if isinstance(v, type))
+    classes = set()
+    for path in table["listed_in"]:
+        module = "vllm." + path.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+        classes |= {n for n, v in vars(importlib.import_module(module)).items() if isinstance(v, type)}
+    OUT["classes"] = sorted(classes)
     OUT["knobs"] = sorted(vllm.envs.environment_variables)
     OUT["modules"] = {name: module_exists(name) for name in table["modules"]}
     arguments = inspect.getsource(importlib.import_module("vllm.engine.arg_utils"))
