@@ -12,7 +12,7 @@ import pytest
 from podkit import expected_descriptor
 from test_guard_vllm import DRIVER_CALLS, RESOLVE_PLATFORM
 
-SELECTORS = (Path(__file__).parent / "selector_probe.py").read_text()
+SELECTORS = (Path(__file__).parent / "versions" / "probe.py").read_text()  # vLLM's real selectors
 H100 = {"gpu_name": "NVIDIA H100 80GB HBM3", "cc": "9.0"}
 # Where tmaguard_shim.c found an encoder (SOURCE_*).
 LAYER_V2, LAYER_V1, REAL_DRIVER, NOWHERE = 1, 2, 3, -1

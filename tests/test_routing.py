@@ -10,7 +10,7 @@ import pytest
 from vllm_tmaguard.routing import RoutingInputs, route
 from vllm_tmaguard.routing_table import KERNELS, TABLES, table_for
 
-SELECTORS = (Path(__file__).parent / "selector_probe.py").read_text()
+SELECTORS = (Path(__file__).parent / "versions" / "probe.py").read_text()  # vLLM's real selectors
 H100 = {"gpu_name": "NVIDIA H100 80GB HBM3", "cc": "9.0"}
 # Paths that run TMA kernels (need a real encoder) on sm_90.
 TMA_ON_HOPPER = {name for name, kernel in KERNELS.items() if 9 in kernel.tma_majors}

@@ -123,8 +123,8 @@ def route(inputs: RoutingInputs) -> Routing:
     families = _families(inputs, majors, dict(disabled), deep_gemm_off, fa3_off)
     hints = table.no_knob if steer_off_tma and majors & {9, 10, 12} else ()
     stale = [
-        f"{n} is not listed in the installed vLLM's {table.listed_in}: routing knowledge read from vLLM "
-        f"{table.read_from} may be stale"
+        f"{n} is not listed in the installed vLLM's {' or '.join(table.listed_in)}: routing knowledge read "
+        f"from vLLM {table.read_from} may be stale"
         for n in table.kernels
         if inputs.listed is not None and n not in inputs.listed
     ]
@@ -199,7 +199,9 @@ def _families(
             )
         )
 
-    if fa3_off:
+    if inputs.table.fa3_module is None:
+        routes.append(FamilyRoute(ATTENTION, "FlashAttention-2", "this vLLM version has no FlashAttention-3"))
+    elif fa3_off:
         routes.append(
             FamilyRoute(
                 ATTENTION,

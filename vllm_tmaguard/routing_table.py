@@ -1,7 +1,9 @@
 """vLLM's TMA-dependent kernel paths and the knobs that steer around them, by vLLM version.
 
-Read from each version's wheel (docs/research/vllm_tma_paths.md has file:line sources). Checked at run time
-against the installed vLLM: a class name its selector file does not list is reported as stale knowledge."""
+Read from each version's wheel (docs/research/vllm_tma_paths.md has file:line sources) and proven against
+each table's release by the version matrix (tests/versions, docs/compat.md): every class, knob, module and
+flag named here exists in that release. Checked at run time against the installed vLLM: a class name its
+selector file does not list is reported as stale knowledge."""
 
 from __future__ import annotations
 
@@ -43,7 +45,7 @@ KERNELS = {
 class VersionTable:
     since: str  # first vLLM version this table was read from; it applies up to the next table
     read_from: str
-    listed_in: str  # selector file (relative to the vllm package) that lists every kernel below
+    listed_in: tuple[str, ...]  # selector files (relative to the vllm package) listing every kernel below
     kernels: tuple[str, ...]  # TMA-capable classes this version's selectors honour VLLM_DISABLED_KERNELS for
     gated_to_90: bool  # vLLM itself limits the sm_90a-only classes to compute capability 9.0 exactly
     deep_gemm_off: tuple[str, ...] = ()  # variables that keep DeepGEMM off when "0"
@@ -70,7 +72,12 @@ _MOE_HINT = (
 _FP8_NO_KNOB = "FP8/INT8 linear layers use CUTLASS sm90 with no knob in this version: serve a non-FP8 model"
 
 _QUANT_KERNELS = "model_executor/layers/quantization/kernels/"
-_FA_ENV = {"flash_attn_env": "VLLM_FLASH_ATTN_VERSION", "fa3_module": "vllm.vllm_flash_attn._vllm_fa3_C"}
+# 0.8.5 - 0.11.x: FA version by environment; vLLM falls back when FA3 or FlashMLA cannot be imported.
+_FA_ENV = {
+    "flash_attn_env": "VLLM_FLASH_ATTN_VERSION",
+    "fa3_module": "vllm.vllm_flash_attn._vllm_fa3_C",
+    "flashmla_module": "vllm._flashmla_C",
+}
 # From 0.15.1: both DeepGEMM knobs, FA3 steered by its extension's import, FlashMLA likewise.
 _SINCE_0_15 = {
     "gated_to_90": True,
@@ -78,13 +85,14 @@ _SINCE_0_15 = {
     "fa3_module": "vllm.vllm_flash_attn._vllm_fa3_C",
     "flashmla_module": "vllm._flashmla_C",
 }
-_LINEAR = "model_executor/kernels/linear/__init__.py"
+_LINEAR = ("model_executor/kernels/linear/__init__.py",)
+_MIXED = (_QUANT_KERNELS + "mixed_precision/__init__.py",)
 
 TABLES = (
     VersionTable(
         "0.6.6",
         "0.6.6.post1",
-        _QUANT_KERNELS + "__init__.py",
+        (_QUANT_KERNELS + "__init__.py",),
         ("MacheteLinearKernel",),
         gated_to_90=False,
         no_knob=(_FP8_NO_KNOB,),
@@ -92,7 +100,7 @@ TABLES = (
     VersionTable(
         "0.8.5",
         "0.8.5",
-        _QUANT_KERNELS + "mixed_precision/__init__.py",
+        _MIXED,
         ("MacheteLinearKernel",),
         gated_to_90=False,
         deep_gemm_off=("VLLM_USE_DEEP_GEMM",),
@@ -102,7 +110,7 @@ TABLES = (
     VersionTable(
         "0.10.2",
         "0.10.2",
-        _QUANT_KERNELS + "mixed_precision/__init__.py",
+        _MIXED,
         _MIXED_03,
         gated_to_90=True,
         deep_gemm_off=("VLLM_USE_DEEP_GEMM",),
@@ -110,10 +118,20 @@ TABLES = (
         **_FA_ENV,
     ),
     VersionTable(
-        "0.15.1",
-        "0.15.1",
-        _QUANT_KERNELS + "mixed_precision/__init__.py",
+        "0.11.1",
+        "0.11.2 (0.11.1's envs.py has the same knobs)",
+        _MIXED,
         _MIXED_03,
+        gated_to_90=True,
+        deep_gemm_off=("VLLM_USE_DEEP_GEMM", "VLLM_MOE_USE_DEEP_GEMM"),
+        no_knob=(_FP8_NO_KNOB,),
+        **_FA_ENV,
+    ),
+    VersionTable(
+        "0.15.1",
+        "0.15.1",
+        (*_MIXED, _QUANT_KERNELS + "scaled_mm/__init__.py"),
+        (*_MIXED_03, "CutlassFP8ScaledMMLinearKernel", "CutlassInt8ScaledMMLinearKernel"),
         no_knob=("block-FP8 linear layers use CUTLASS sm90 with no knob in this version",),
         **_SINCE_0_15,
     ),

@@ -15,6 +15,7 @@ from .elf import ElfError, read_elf
 DRIVER_LIBRARY = "libcuda.so.1"
 _VERSION = re.compile(r"""^(?:__version__|version)\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", re.M)
 _RECORD_EXTENSION = re.compile(r"^(vllm/[^,]*\.so),", re.M)
+_PLUGINS_GROUP = ("PLATFORM_PLUGINS_GROUP", "'vllm.platform_plugins'")  # 0.11+ constant; 0.8 - 0.10 literal
 _MODULE_IMPORT = re.compile(r"^import (vllm\._C\w*)", re.M)
 # CUDA driver API names: cu + an upper-case letter (cuda* is the runtime, cufft*/cublas* other libraries).
 _DRIVER_SYMBOL = re.compile(r"cu[A-Z]")
@@ -137,10 +138,14 @@ def scan_extension(package_dir: str, path: str) -> Extension | None:
     return Extension(module, path, symbols)
 
 
-def names_listed(package_dir: str, relative: str, names: tuple[str, ...]) -> frozenset[str] | None:
-    """Which of `names` appear in one of the package's source files; None if the file is unreadable."""
-    text = _read_text(os.path.join(package_dir, relative))
-    return None if text is None else frozenset(n for n in names if re.search(rf"\b{n}\b", text))
+def names_listed(
+    package_dir: str, relatives: tuple[str, ...], names: tuple[str, ...]
+) -> frozenset[str] | None:
+    """Which of `names` appear in the package's source files `relatives`; None if one is unreadable."""
+    texts = [_read_text(os.path.join(package_dir, relative)) for relative in relatives]
+    if None in texts:
+        return None
+    return frozenset(n for n in names if any(re.search(rf"\b{n}\b", text) for text in texts))
 
 
 def probe_vllm(package_dir: str | None = None) -> VllmFacts:
@@ -151,13 +156,16 @@ def probe_vllm(package_dir: str | None = None) -> VllmFacts:
     extensions = tuple(
         e for path in _extension_files(package_dir, version) if (e := scan_extension(package_dir, path))
     )
-    plugins_text = _read_text(os.path.join(package_dir, "plugins", "__init__.py")) or ""
+    # The group's loader: plugins/__init__.py from 0.11, platforms/__init__.py in 0.8 - 0.10.
+    plugins_text = "".join(
+        _read_text(os.path.join(package_dir, sub, "__init__.py")) or "" for sub in ("plugins", "platforms")
+    )
     cuda_text = _read_text(os.path.join(package_dir, "platforms", "cuda.py")) or ""
     return VllmFacts(
         found=True,
         version=version,
         package_dir=package_dir,
         extensions=extensions,
-        platform_plugins="PLATFORM_PLUGINS_GROUP" in plugins_text,
+        platform_plugins=any(name in plugins_text for name in _PLUGINS_GROUP),
         imported_at_platform_load=tuple(dict.fromkeys(_MODULE_IMPORT.findall(cuda_text))),
     )
