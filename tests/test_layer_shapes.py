@@ -204,3 +204,11 @@ def test_torch_first_question_reads_the_files_only(pods, kind, needed) -> None:
     assert guard_needed_before(pod.env) is needed
     assert guard_needed_before({**pod.env, "TMAGUARD_MODE": "off"}) is False
     assert str(pod.lib_dir) not in Path("/proc/self/maps").read_text()  # asking loaded nothing
+
+
+def test_the_torch_first_question_asks_for_what_the_guard_supplies() -> None:
+    """early.py keeps its own list (importing the decision would cost torch's import more): the same."""
+    from vllm_tmaguard.decision import OVERLAY_GROUPS
+    from vllm_tmaguard.early import SUPPLIED
+
+    assert set(SUPPLIED) == {names[0] for names in OVERLAY_GROUPS.values()}
