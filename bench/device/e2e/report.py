@@ -1,9 +1,9 @@
 """Tables and the plot of docs/e2e-on-hopper.md from the end-to-end run's results (serve_pods.py's
 summary.json per pod, as the device call returned them), and the raw summaries under docs/device/e2e/.
 
-usage: python bench/device/e2e/report.py RESULTS_DIR [RESULTS_DIR ...]   (one per device call; a pod in a
-later one replaces an earlier one's; prints the tables as Markdown; writes docs/device/e2e/<pod>.json and
-docs/img/e2e_throughput.png)"""
+usage: python bench/device/e2e/report.py RUN_DIR [RUN_DIR ...]   (one per device call, each holding that
+call's results/; every ratio compares pods of one call, side by side; prints the tables as Markdown; writes
+docs/device/e2e/<run>/<pod>.json, <run> being RUN_DIR's name, and docs/img/e2e_throughput.png)"""
 
 from __future__ import annotations
 
@@ -18,13 +18,13 @@ ORDER = ("a", "b", "c", "d", "e-latency", "e-portable", "a2")
 KERNEL = re.compile(r"Using (\w+) for AutoGPTQLinearMethod|Using FlashAttention version (\d)")
 
 
-def load(results: list[Path]) -> dict[str, dict]:
+def load(run: Path) -> dict[str, dict]:
+    results = run / "results" if (run / "results").is_dir() else run
     pods = {}
     for name in ORDER:
-        for directory in results:
-            path = directory / name / "summary.json"
-            if path.exists():
-                pods[name] = json.loads(path.read_text())
+        path = results / name / "summary.json"
+        if path.exists():
+            pods[name] = json.loads(path.read_text())
     return pods
 
 
@@ -63,57 +63,71 @@ def outcome(pod: dict) -> str:
     return f"failed (exit {pod.get('exit_code')}): `{errors[-1].strip()[:200]}`" if errors else "failed"
 
 
-def tables(pods: dict[str, dict]) -> list[str]:
-    a = pods["a"]
+def runs_count(pod: dict, concurrency: str) -> int:
+    return sum(r.get("output_throughput") is not None for r in pod.get("bench", {}).get(concurrency, []))
+
+
+def tables(runs: dict[str, dict[str, dict]]) -> list[str]:
     lines = [
-        "| pod | what | ready (s) | outcome | W4A16 GEMM + attention | outputs vs a |",
-        "|---|---|---|---|---|---|",
+        "| run | pod | what | ready (s) | outcome | W4A16 GEMM + attention | outputs vs the run's a |",
+        "|---|---|---|---|---|---|---|",
     ]
-    for name, pod in pods.items():
-        ready = f"{pod['ready_s']:.1f}" if pod.get("ready_s") else "-"
-        lines.append(
-            f"| {name} | {pod['what']} | {ready} | {outcome(pod)} | {kernels(pod)} | "
-            f"{mismatches(pod, a) if name != 'a' else 'reference'} |"
-        )
-    lines += ["", "| pod | concurrency | output tok/s | vs a | median TTFT (ms) | median TPOT (ms) |"]
-    lines.append("|---|---|---|---|---|---|")
-    for name, pod in pods.items():
-        for concurrency in ("1", "8", "64"):
-            tok = bench_value(pod, concurrency, "output_throughput")
-            if tok is None:
-                continue
-            base = bench_value(a, concurrency, "output_throughput")
-            ttft = bench_value(pod, concurrency, "median_ttft_ms")
-            tpot = bench_value(pod, concurrency, "median_tpot_ms")
+    for run, pods in runs.items():
+        for name, pod in pods.items():
+            ready = f"{pod['ready_s']:.1f}" if pod.get("ready_s") else "-"
+            versus = mismatches(pod, pods["a"]) if name != "a" and "a" in pods else "-"
             lines.append(
-                f"| {name} | {concurrency} | {tok:.0f} | {tok / base:.3f} | {ttft:.1f} | {tpot:.2f} |"
+                f"| {run} | {name} | {pod['what']} | {ready} | {outcome(pod)} | {kernels(pod)} | {versus} |"
             )
+    lines += [
+        "",
+        "| run | pod | concurrency | runs | output tok/s | vs the run's a | median TTFT (ms) "
+        "| median TPOT (ms) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for run, pods in runs.items():
+        for name, pod in pods.items():
+            for concurrency in ("1", "8", "64"):
+                tok = bench_value(pod, concurrency, "output_throughput")
+                if tok is None:
+                    continue
+                base = bench_value(pods["a"], concurrency, "output_throughput") if "a" in pods else None
+                ratio = f"{tok / base:.3f}" if base else "-"
+                ttft = bench_value(pod, concurrency, "median_ttft_ms")
+                tpot = bench_value(pod, concurrency, "median_tpot_ms")
+                count = runs_count(pod, concurrency)
+                lines.append(
+                    f"| {run} | {name} | {concurrency} | {count} | {tok:.0f} | {ratio} | {ttft:.1f} "
+                    f"| {tpot:.2f} |"
+                )
     return lines
 
 
-def records(pods: dict[str, dict]) -> list[str]:
-    lines = ["| pod | pid | trigger | guard ms | summary |", "|---|---|---|---|---|"]
-    for name, pod in pods.items():
-        for record in pod.get("records", []):
-            lines.append(
-                f"| {name} | {record['pid']} | {record['trigger']} | {record['elapsed_ms']} | "
-                f"{record['summary']} |"
-            )
+def records(runs: dict[str, dict[str, dict]]) -> list[str]:
+    lines = ["| run | pod | pid | trigger | guard ms | summary |", "|---|---|---|---|---|---|"]
+    for run, pods in runs.items():
+        for name, pod in pods.items():
+            for record in pod.get("records", []):
+                lines.append(
+                    f"| {run} | {name} | {record['pid']} | {record['trigger']} | {record['elapsed_ms']} | "
+                    f"{record['summary']} |"
+                )
     return lines
 
 
-def plot(pods: dict[str, dict], path: Path) -> None:
+def plot(runs: dict[str, dict[str, dict]], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     figure, axis = plt.subplots(figsize=(7, 4))
-    for name, pod in pods.items():
-        points = [(int(c), bench_value(pod, c, "output_throughput")) for c in ("1", "8", "64")]
-        points = [(c, v) for c, v in points if v is not None]
-        if points:
-            axis.plot(*zip(*points, strict=True), marker="o", label=f"{name}: {pod['what']}")
+    for run, pods in runs.items():
+        for name, pod in pods.items():
+            points = [(int(c), bench_value(pod, c, "output_throughput")) for c in ("1", "8", "64")]
+            points = [(c, v) for c, v in points if v is not None]
+            if points:
+                axis.plot(*zip(*points, strict=True), marker="o", label=f"{run} {name}: {pod['what']}")
     axis.set_xscale("log", base=2)
     axis.set_yscale("log")
     axis.set_xlabel("concurrency (requests in flight)")
@@ -126,13 +140,14 @@ def plot(pods: dict[str, dict], path: Path) -> None:
 
 
 def main() -> None:
-    pods = load([Path(arg) for arg in sys.argv[1:]])
-    raw = ROOT / "docs/device/e2e"
-    raw.mkdir(parents=True, exist_ok=True)
-    for name, pod in pods.items():
-        (raw / f"{name}.json").write_text(json.dumps(pod, indent=1))
-    plot(pods, ROOT / "docs/img/e2e_throughput.png")
-    print("\n".join([*tables(pods), "", *records(pods)]))
+    runs = {Path(arg).name: load(Path(arg)) for arg in sys.argv[1:]}
+    for run, pods in runs.items():
+        raw = ROOT / "docs/device/e2e" / run
+        raw.mkdir(parents=True, exist_ok=True)
+        for name, pod in pods.items():
+            (raw / f"{name}.json").write_text(json.dumps(pod, indent=1))
+    plot(runs, ROOT / "docs/img/e2e_throughput.png")
+    print("\n".join([*tables(runs), "", *records(runs)]))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """The end-to-end acceptance run on a Hopper machine: vLLM 0.25.1's OpenAI-compatible server, default engine
 settings (V1 EngineCore process, CUDA graphs, torch.compile), started from a fresh process tree in each pod,
 then a fixed prompt set (greedy, 64 tokens, token ids returned) and vLLM's own serving benchmark at several
-concurrencies. Each pod's results go to STATE/results/<pod>/summary.json, with the server log, every guard
-record of every process and the benchmark files.
+concurrencies, interleaved over the pods (bench_client.py). Each pod's results go to
+STATE/results/<pod>/summary.json, with the server log, every guard record of every process and the
+benchmark files.
 
 usage: serve_pods.py POD [POD ...]   (pods: see PODS; state in $E2E_STATE, default /tmp/e2e, made by
 setup.sh; the whole run of one call must end before the device's 10-minute limit)"""
@@ -33,12 +34,12 @@ CONCURRENCY = {
     c: max(c, round(n * float(os.environ.get("E2E_PROMPT_SCALE", "1"))))
     for c, n in {1: 24, 8: 96, 64: 384}.items()
 }
-ROUNDS = 1
+ROUNDS = int(os.environ.get("E2E_ROUNDS", "1"))
 # Every pod's server runs at the same time on the one GPU, so that the benchmark can interleave them: a
 # fixed KV cache (skips vLLM's memory profiling, which other processes' allocations would disturb) and a
 # memory fraction that the servers' free-memory check at start-up leaves room for. ~7 GiB each.
 SHARED_GPU = ("--gpu-memory-utilization", "0.1", "--kv-cache-memory-bytes", str(4 << 30))
-INPUT_LEN, OUTPUT_LEN, MAX_TOKENS = 512, 128, 64
+MAX_TOKENS = 64
 
 # pod: (layer shape or None for the bare driver, extra environment, what it is)
 PODS = {
@@ -164,31 +165,28 @@ def complete_prompts(port: int) -> list[dict]:
     return outputs
 
 
-BENCH_FIELDS = (
-    "completed", "duration", "output_throughput", "request_throughput",
-    "median_ttft_ms", "median_tpot_ms", "median_itl_ms", "p99_ttft_ms", "p99_tpot_ms",
-)  # fmt: skip
-
-
-def bench(port: int, out: Path, env: dict[str, str], concurrency: int, round_: int) -> dict:
-    """vLLM's own serving benchmark client, random dataset, fixed lengths, at one concurrency."""
-    name = f"bench-c{concurrency}-r{round_}.json"
-    command = [
-        PYTHON, "-m", "vllm.entrypoints.cli.main", "bench", "serve",
-        "--backend", "vllm", "--base-url", f"http://127.0.0.1:{port}", "--model", "tiny",
-        "--tokenizer", str(MODEL), "--dataset-name", "random",
-        "--random-input-len", str(INPUT_LEN), "--random-output-len", str(OUTPUT_LEN),
-        "--num-prompts", str(CONCURRENCY[concurrency]), "--max-concurrency", str(concurrency),
-        "--ignore-eos", "--seed", str(round_), "--num-warmups", str(min(concurrency, 8)), "--disable-tqdm",
-        "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
-        "--save-result", "--result-dir", str(out), "--result-filename", name,
-    ]  # fmt: skip
-    with open(out / name.replace(".json", ".log"), "w") as log:
-        done = subprocess.run(command, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=300)
-    if done.returncode != 0 or not (out / name).exists():
-        return {"error": f"bench exited {done.returncode}"}
-    raw = json.loads((out / name).read_text())
-    return {k: raw.get(k) for k in BENCH_FIELDS}
+def bench_all(servers: list[Server], env: dict[str, str], deadline: float) -> None:
+    """The serving benchmark for every ready pod, from one client process (bench_client.py)."""
+    plan = {
+        "pods": [{"name": s.name, "port": s.port, "out": str(s.out)} for s in servers],
+        "model": str(MODEL),
+        "concurrency": {str(c): n for c, n in CONCURRENCY.items()},
+        "rounds": ROUNDS,
+        "deadline": deadline,
+        "results": str(STATE / "results" / "bench.json"),
+    }
+    plan_file = STATE / "results" / "bench-plan.json"
+    plan_file.write_text(json.dumps(plan, indent=1))
+    client = [PYTHON, str(ROOT / "bench/device/e2e/bench_client.py"), str(plan_file)]
+    with open(STATE / "results" / "bench.log", "w") as log:
+        limit = deadline - time.time() + 120  # the last run that started before the deadline ends
+        try:
+            subprocess.run(client, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=limit)
+        except subprocess.TimeoutExpired:
+            print("the benchmark client outlived the call's budget: killed", file=log)
+    results = json.loads(Path(plan["results"]).read_text()) if Path(plan["results"]).exists() else {}
+    for server in servers:
+        server.summary["bench"] = results.get(server.name, {})
 
 
 KERNEL_LINES = re.compile(
@@ -249,19 +247,19 @@ class Server:
 
 
 def main() -> None:
-    """Starts the first named pod alone (it fills the compile and JIT caches), then every other one at once;
-    then, for the pods that became ready: the prompt set one pod after another, and the benchmark
-    interleaved (each concurrency runs on every pod before the next concurrency), ROUNDS times, so that
-    drift over the run falls on every pod alike. E2E_BUDGET_S: seconds from start after which no further
-    benchmark starts (the call must end before the device's 10-minute limit)."""
-    deadline = time.monotonic() + float(os.environ.get("E2E_BUDGET_S", "500"))
-    first, *rest = sys.argv[1:]
-    servers = [Server(first, 8100)]
+    """Starts the first named pod alone (it fills the compile and JIT caches; E2E_FIRST_ALONE=0: all at
+    once), then every other one at once; then, for the pods that became ready: the prompt set one pod
+    after another, and the benchmark (bench_client.py). E2E_BUDGET_S: seconds from start after which no
+    further benchmark starts (the call must end before the device's 10-minute limit)."""
+    wall_deadline = time.time() + float(os.environ.get("E2E_BUDGET_S", "500"))
+    names = sys.argv[1:]
+    alone = 1 if os.environ.get("E2E_FIRST_ALONE", "1") == "1" else 0
+    servers = [Server(name, 8100 + index) for index, name in enumerate(names[:alone])]
     wait_ready(servers)
-    for index, name in enumerate(rest, start=1):
+    for index, name in enumerate(names[alone:], start=alone):
         servers.append(Server(name, 8100 + index))
         time.sleep(2)
-    wait_ready(servers[1:])
+    wait_ready(servers[alone:])
     ready = [server for server in servers if server.summary.get("ready_s") is not None]
     client_env = {**base_environ(), "TMAGUARD_MODE": "off"}
     try:
@@ -270,14 +268,7 @@ def main() -> None:
                 server.summary["outputs"] = complete_prompts(server.port)
             except Exception as error:  # a failing step is a result
                 server.summary["error"] = f"{type(error).__name__}: {error}"
-        for round_ in range(ROUNDS):
-            for concurrency in CONCURRENCY:
-                for server in ready:
-                    if time.monotonic() > deadline:  # leave time to stop the servers and return results
-                        result = {"error": "skipped: the call's time budget was spent"}
-                    else:
-                        result = bench(server.port, server.out, client_env, concurrency, round_)
-                    server.summary.setdefault("bench", {}).setdefault(str(concurrency), []).append(result)
+        bench_all(ready, client_env, wall_deadline)
     finally:
         for server in servers:
             summary = server.finish()
