@@ -98,6 +98,9 @@ def test_gemm_portable_forces_cp_async_paths_even_with_an_encoder(pods, run_pyth
 
 
 def test_gemm_hopper_and_auto_keep_the_tma_path_on_a_complete_driver(pods, run_python) -> None:
+    """The routing rule measured under `vllm serve` on an H100 (docs/e2e-on-hopper.md, "The routing rule"):
+    Machete serves many requests faster than Marlin and one request slower, so `auto` keeps vLLM's Machete
+    and FA3 wherever the encoder is real; Marlin only on request (`latency`, the test above)."""
     for gemm in ("hopper", "auto"):
         result, record = selectors(run_python, pods("bare", **H100), TMAGUARD_GEMM=gemm)
         assert result["w4a16"] == "MacheteLinearKernel" and result["fa"] == 3

@@ -37,7 +37,8 @@ TOGGLES: tuple[ToggleSpec, ...] = (
         "auto",
         "auto: Hopper TMA kernels on sm_90 when a real encoder is reachable, else Marlin/cp.async paths; "
         "hopper: insist on the TMA kernels (start-up stops if TMA is unusable); portable: Marlin/cp.async "
-        "everywhere; latency: Marlin for W4A16/W8A16 on sm_90 (faster at 1-16 tokens per step)",
+        "everywhere; latency: Marlin for W4A16/W8A16 on sm_90 (faster serving one request at a time, slower "
+        "serving many)",
     ),
     ToggleSpec(
         "TMAGUARD_OVERLAY",

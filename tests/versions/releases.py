@@ -82,7 +82,7 @@ RELEASES = (
     Release(
         "0.8.5",
         "2.6.0",
-        (*_SERVING, _FASTAPI, "llguidance==0.7.30", "xgrammar==0.1.18", "transformers==4.51.3"),
+        (*_SERVING, _FASTAPI, _BLAKE3, "llguidance==0.7.30", "xgrammar==0.1.18", "transformers==4.51.3"),
     ),
     Release(
         "0.10.2",

@@ -18,6 +18,19 @@ ORDER = ("a", "b", "c", "d", "e-latency", "e-portable", "a2")
 KERNEL = re.compile(r"Using (\w+) for AutoGPTQLinearMethod|Using FlashAttention version (\d)")
 
 
+ROLE = re.compile(r"^\((\w+) pid=(\d+)\)")
+
+
+def roles(server_log: Path) -> dict[str, str]:
+    """pid -> the vLLM process it is (APIServer, EngineCore, ...), from the prefixes of the server's log."""
+    found: dict[str, str] = {}
+    for line in server_log.read_text(errors="replace").splitlines() if server_log.exists() else ():
+        match = ROLE.match(line)
+        if match and match.group(1) != "tmaguard":
+            found.setdefault(match.group(2), match.group(1))
+    return found
+
+
 def load(run: Path) -> dict[str, dict]:
     results = run / "results" if (run / "results").is_dir() else run
     pods = {}
@@ -25,6 +38,7 @@ def load(run: Path) -> dict[str, dict]:
         path = results / name / "summary.json"
         if path.exists():
             pods[name] = json.loads(path.read_text())
+            pods[name].setdefault("roles", roles(results / name / "server.log"))
     return pods
 
 
@@ -104,39 +118,46 @@ def tables(runs: dict[str, dict[str, dict]]) -> list[str]:
 
 
 def records(runs: dict[str, dict[str, dict]]) -> list[str]:
-    lines = ["| run | pod | pid | trigger | guard ms | summary |", "|---|---|---|---|---|---|"]
+    lines = ["| run | pod | pid | process | guard ms | summary |", "|---|---|---|---|---|---|"]
     for run, pods in runs.items():
         for name, pod in pods.items():
             for record in pod.get("records", []):
+                role = pod["roles"].get(str(record["pid"]), "helper (no log line)")
                 lines.append(
-                    f"| {run} | {name} | {record['pid']} | {record['trigger']} | {record['elapsed_ms']} | "
-                    f"{record['summary']} |"
+                    f"| {run} | {name} | {record['pid']} | {role} | {record['elapsed_ms']} "
+                    f"| {record['summary']} |"
                 )
     return lines
 
 
 def plot(runs: dict[str, dict[str, dict]], path: Path) -> None:
+    """One panel per run that measured more than one concurrency: only pods of one run share a scale."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axis = plt.subplots(figsize=(7, 4))
-    for run, pods in runs.items():
+    def points(pod: dict) -> list[tuple[int, float]]:
+        values = [(int(c), bench_value(pod, c, "output_throughput")) for c in ("1", "8", "64")]
+        return [(c, v) for c, v in values if v is not None]
+
+    panels = {run: pods for run, pods in runs.items() if any(len(points(p)) > 1 for p in pods.values())}
+    figure, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.2), sharey=True, squeeze=False)
+    for axis, (run, pods) in zip(axes[0], panels.items(), strict=True):
         for name, pod in pods.items():
-            points = [(int(c), bench_value(pod, c, "output_throughput")) for c in ("1", "8", "64")]
-            points = [(c, v) for c, v in points if v is not None]
-            if points:
-                axis.plot(*zip(*points, strict=True), marker="o", label=f"{run} {name}: {pod['what']}")
-    axis.set_xscale("log", base=2)
-    axis.set_yscale("log")
-    axis.set_xlabel("concurrency (requests in flight)")
-    axis.set_ylabel("output tokens/s")
-    axis.set_title("vllm serve on an H100, vLLM 0.25.1, W4A16 GPTQ (Llama-2-7B layer shapes)")
-    axis.legend(fontsize=7)
-    axis.grid(True, which="both", alpha=0.3)
+            if len(points(pod)) > 1:
+                axis.plot(*zip(*points(pod), strict=True), marker="o", label=f"{name}: {kernels(pod)}")
+        axis.set_xscale("log", base=2)
+        axis.set_yscale("log")
+        axis.set_xticks([1, 8, 64], ["1", "8", "64"])
+        axis.set_xlabel("concurrency (requests in flight)")
+        axis.set_title(f"{run}: {', '.join(pods)}", fontsize=9)
+        axis.legend(fontsize=7)
+        axis.grid(True, which="both", alpha=0.3)
+    axes[0][0].set_ylabel("output tokens/s (median of rounds)")
+    figure.suptitle("vllm serve on an H100, vLLM 0.25.1, W4A16 GPTQ (Llama-2-7B layer shapes)", fontsize=10)
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
+    figure.savefig(path, dpi=110)
 
 
 def main() -> None:
