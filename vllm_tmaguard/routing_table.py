@@ -20,7 +20,7 @@ class Kernel:
     tma_majors: frozenset[int]  # compute-capability majors where its kernels use TMA (need a real encoder)
     sm90a_only: bool = False  # sm_90a cubins only: wrong on any other architecture
     needs_launch_ex: bool = False  # launches through cuLaunchKernelEx (Humming's launcher)
-    latency_swap: bool = False  # W4A16/W8A16 kernel Marlin beats in single-stream decode (docs/design.md §3.3)
+    latency_swap: bool = False  # W4A16/W8A16 kernel Marlin beats serving one stream (docs/design.md §3.3)
 
 
 _HOPPER, _HOPPER_AND_LATER = frozenset({9}), frozenset({9, 10, 12})
