@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -165,7 +166,22 @@ def complete_prompts(port: int) -> list[dict]:
     return outputs
 
 
-def bench_all(servers: list[Server], env: dict[str, str], deadline: float) -> None:
+def core_sets(servers: int) -> tuple[list[set[int]] | list[None], set[int] | None]:
+    """E2E_PIN_CORES=1: a disjoint set of CPUs for each server and the rest for the benchmark client, so that
+    servers do not take cores from each other (serving this small model is host-bound); else no pinning."""
+    if os.environ.get("E2E_PIN_CORES", "0") != "1":
+        return [None] * servers, None
+    cpus = sorted(os.sched_getaffinity(0))
+    per = max(1, (len(cpus) - 2) // servers)
+    return [set(cpus[i * per : (i + 1) * per]) for i in range(servers)], set(cpus[servers * per :]) or None
+
+
+def pinned(cores: set[int] | None) -> Callable[[], None] | None:
+    """A preexec_fn that keeps the child on `cores` (None: no pinning)."""
+    return (lambda: os.sched_setaffinity(0, cores)) if cores else None
+
+
+def bench_all(servers: list[Server], env: dict[str, str], deadline: float, cores: set[int] | None) -> None:
     """The serving benchmark for every ready pod, from one client process (bench_client.py)."""
     plan = {
         "pods": [{"name": s.name, "port": s.port, "out": str(s.out)} for s in servers],
@@ -181,7 +197,9 @@ def bench_all(servers: list[Server], env: dict[str, str], deadline: float) -> No
     with open(STATE / "results" / "bench.log", "w") as log:
         limit = deadline - time.time() + 120  # the last run that started before the deadline ends
         try:
-            subprocess.run(client, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=limit)
+            subprocess.run(
+                client, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=limit, preexec_fn=pinned(cores)
+            )
         except subprocess.TimeoutExpired:
             print("the benchmark client outlived the call's budget: killed", file=log)
     results = json.loads(Path(plan["results"]).read_text()) if Path(plan["results"]).exists() else {}
@@ -200,7 +218,7 @@ KERNEL_LINES = re.compile(
 class Server:
     """One pod's `vllm serve`, in a process group of its own (a fresh process tree)."""
 
-    def __init__(self, name: str, port: int) -> None:
+    def __init__(self, name: str, port: int, cores: set[int] | None) -> None:
         shape, extra, what = PODS[name]
         self.name, self.port = name, port
         self.out = STATE / "results" / name
@@ -223,11 +241,18 @@ class Server:
             "--port", str(port), "--seed", "0", *SHARED_GPU,
         ]  # fmt: skip
         self.summary: dict = {"pod": name, "what": what, "shape": shape, "env": pod_env}
+        self.summary["cores"] = sorted(cores) if cores else None
         self.summary["command"] = " ".join(command)
         self.log = open(self.out / "server.log", "w")  # noqa: SIM115 - open while the server runs
         self.started = time.monotonic()
         self.process = subprocess.Popen(
-            command, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True, cwd=STATE
+            command,
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=STATE,
+            preexec_fn=pinned(cores),
         )
 
     def finish(self) -> dict:
@@ -249,15 +274,17 @@ def main() -> None:
     """Starts the first named pod alone (it fills the compile and JIT caches; E2E_FIRST_ALONE=0: all at
     once), then every other one at once; then, for the pods that became ready: the prompt set one pod
     after another, and the benchmark (bench_client.py). E2E_BUDGET_S: seconds from start after which no
-    further benchmark starts (the call must end before the device's 10-minute limit)."""
+    further benchmark starts (the call must end before the device's 10-minute limit); E2E_PIN_CORES: see
+    core_sets."""
     wall_deadline = time.time() + float(os.environ.get("E2E_BUDGET_S", "500"))
     names = sys.argv[1:]
     shutil.rmtree(STATE / "results", ignore_errors=True)  # a warm machine keeps the last call's
     alone = 1 if os.environ.get("E2E_FIRST_ALONE", "1") == "1" else 0
-    servers = [Server(name, 8100 + index) for index, name in enumerate(names[:alone])]
+    server_cores, client_cores = core_sets(len(names))
+    servers = [Server(name, 8100 + index, server_cores[index]) for index, name in enumerate(names[:alone])]
     wait_ready(servers)
     for index, name in enumerate(names[alone:], start=alone):
-        servers.append(Server(name, 8100 + index))
+        servers.append(Server(name, 8100 + index, server_cores[index]))
         time.sleep(2)
     wait_ready(servers[alone:])
     ready = [server for server in servers if server.summary.get("ready_s") is not None]
@@ -268,7 +295,7 @@ def main() -> None:
                 server.summary["outputs"] = complete_prompts(server.port)
             except Exception as error:  # a failing step is a result
                 server.summary["error"] = f"{type(error).__name__}: {error}"
-        bench_all(ready, client_env, wall_deadline)
+        bench_all(ready, client_env, wall_deadline, client_cores)
     finally:
         for server in servers:
             summary = server.finish()
