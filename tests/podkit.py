@@ -127,42 +127,23 @@ class _Target:
     libs: tuple[str, ...] = ()
 
 
+def _control_layer(output: str, *defines: str) -> _Target:
+    """A variant of the stand-in layer (standin_layer.c with `defines`), named like vCUDA's library."""
+    flags = (*LIB_FLAGS, *defines, "-Wl,-soname,libcuda-control.so")
+    return _Target(output, "standin_layer.c", flags, ("-ldl",))
+
+
 _TARGETS: dict[str, _Target] = {
     "driver": _Target(
         "libcuda-standin-driver.so",
         "standin_driver.c",
         (*LIB_FLAGS, "-Wl,-soname,libcuda.so.1"),
     ),
-    "layer": _Target(
-        "libcuda-control.so",
-        "standin_layer.c",
-        (*LIB_FLAGS, "-Wl,-soname,libcuda-control.so"),
-        ("-ldl",),
-    ),
-    "layer_fork": _Target(
-        "libcuda-control-fork.so",
-        "standin_layer.c",
-        (*LIB_FLAGS, "-DLAYER_FORK", "-Wl,-soname,libcuda-control.so"),
-        ("-ldl",),
-    ),
-    "layer_noforward": _Target(
-        "libcuda-control-noforward.so",
-        "standin_layer.c",
-        (*LIB_FLAGS, "-DLAYER_NO_FORWARD", "-Wl,-soname,libcuda-control.so"),
-        ("-ldl",),
-    ),
-    "layer_gpa_v2": _Target(
-        "libcuda-control-gpa-v2.so",
-        "standin_layer.c",
-        (*LIB_FLAGS, "-DLAYER_GPA_V2", "-Wl,-soname,libcuda-control.so"),
-        ("-ldl",),
-    ),
-    "layer_no_gpa": _Target(
-        "libcuda-control-no-gpa.so",
-        "standin_layer.c",
-        (*LIB_FLAGS, "-DLAYER_NO_GPA", "-Wl,-soname,libcuda-control.so"),
-        ("-ldl",),
-    ),
+    "layer": _control_layer("libcuda-control.so"),
+    "layer_fork": _control_layer("libcuda-control-fork.so", "-DLAYER_FORK"),
+    "layer_noforward": _control_layer("libcuda-control-noforward.so", "-DLAYER_NO_FORWARD"),
+    "layer_gpa_v2": _control_layer("libcuda-control-gpa-v2.so", "-DLAYER_GPA_V2"),
+    "layer_no_gpa": _control_layer("libcuda-control-no-gpa.so", "-DLAYER_NO_GPA"),
     "layer_standalone": _Target(
         "libcuda-lupine.so",
         "standin_layer.c",

@@ -73,6 +73,11 @@ def _network_layer(facts: Facts) -> str | None:
     return next((layer.name for layer in facts.layers if not layer.forwards_to_local_driver), None)
 
 
+def _real_driver(facts: Facts) -> str | None:
+    """The real driver file the overlay's look-up may end at: none behind a network layer."""
+    return facts.driver.real_driver if _network_layer(facts) is None else None
+
+
 def _encoder(facts: Facts, supplied: set[str]) -> tuple[bool, str]:
     """Whether a real cuTensorMapEncodeTiled is reachable in this process, and from where (passive evidence
     only: what the layer exports, and a real driver file for the overlay's look-up to end at)."""
@@ -108,7 +113,7 @@ def _tma_verdict(facts: Facts, encoder: tuple[bool, str]) -> TmaVerdict:
 def _encoder_route(facts: Facts) -> str:
     """Where the overlay and shims take the encoders from, in their order (tmaguard_shim.c find_real)."""
     lookups = [f"the layer's {n}" for n in (PROC_ADDRESS_V2, "cuGetProcAddress") if facts.driver.exports(n)]
-    real = facts.driver.real_driver if _network_layer(facts) is None else None
+    real = _real_driver(facts)
     route = [*lookups[:1], *([f"the real driver {real}"] if real else [])]
     return "through " + ", else ".join(route) if route else "from nowhere: the layer has no look-up"
 
@@ -238,7 +243,6 @@ def decide(facts: Facts, toggles: Toggles) -> Decision:
     else:
         summary = f"{layer}: libcuda.so.1 has every entry point vLLM needs; nothing to load"
     level = "warning" if unfixed or routing.overrides or routing.hints or routing.error else "info"
-    real_driver = driver.real_driver if _network_layer(facts) is None else None
     return Decision(
-        level, summary, apply, tuple(supplies), real_driver, driver.path, tuple(unfixed), tma, routing
+        level, summary, apply, tuple(supplies), _real_driver(facts), driver.path, tuple(unfixed), tma, routing
     )
