@@ -1,10 +1,9 @@
-"""Builds the C shims and overlays as plain shared libraries (dlopen-ed, not imported) and installs the
-.pth hook. See vllm_tmaguard/csrc/tmaguard_shim.c for what the feature groups are.
+"""Builds the C overlay and shims as plain shared libraries (dlopen-ed, not imported) and installs the
+.pth hook. See vllm_tmaguard/csrc/tmaguard.h for what each library is made of.
 
 The libraries are not Python extensions: one wheel per architecture serves every CPython, tagged
 py3-none-<platform> (scripts/build_wheels.sh builds the manylinux_2_28 ones)."""
 
-import itertools
 import os
 
 from setuptools import Extension, setup
@@ -12,22 +11,23 @@ from setuptools.command.bdist_wheel import bdist_wheel
 from setuptools.command.build_ext import build_ext
 from setuptools.command.build_py import build_py
 
-SOURCE = "vllm_tmaguard/csrc/tmaguard_shim.c"
+CSRC = "vllm_tmaguard/csrc"
+HERE = os.path.dirname(os.path.abspath(__file__))
+HEADERS = [os.path.join(HERE, CSRC, h) for h in ("tmaguard.h", "proc_versions.h", "driver_symbols.h")]
 # Binds glibc's dl* functions to versions glibc 2.28 has (see the header).
-GLIBC_COMPAT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_tmaguard/csrc/glibc_compat.h")
+GLIBC_COMPAT = os.path.join(HERE, CSRC, "glibc_compat.h")
 COMPILE_ARGS = ["-O2", "-g0", "-fvisibility=hidden", "-Wall", "-Wextra", "-Werror", "-std=gnu11"]
 COMPILE_ARGS += ["-include", GLIBC_COMPAT]
 # The overlay's dependency on the layer: a fixed-length path the guard overwrites with the layer's absolute
 # path at run time (vllm_tmaguard/overlay.py has the same constant).
 PLACEHOLDER = "/tmaguard-layer-placeholder/" + "x" * 220
-GROUPS = {"enc": "TMAGUARD_ENCODERS", "pa2": "TMAGUARD_PROC_ADDRESS_V2", "lex": "TMAGUARD_LAUNCH_EX"}
 
 
-def library(name: str, defines: list[str], soname: str) -> Extension:
+def library(name: str, groups: list[str], defines: list[str], soname: str) -> Extension:
     return Extension(
         f"vllm_tmaguard.lib.{name}",
-        sources=[SOURCE],
-        depends=[GLIBC_COMPAT, os.path.abspath(__file__)],  # rebuilt when the header or these flags change
+        sources=[f"{CSRC}/{group}.c" for group in ["common", *groups]],
+        depends=[GLIBC_COMPAT, *HEADERS, os.path.abspath(__file__)],  # rebuilt when these change
         define_macros=[(d, "1") for d in defines],
         extra_compile_args=COMPILE_ARGS,
         # libdl.so.2 by name: an older glibc exports dlopen & co. there, not in libc.so.6 (a newer one
@@ -37,11 +37,9 @@ def library(name: str, defines: list[str], soname: str) -> Extension:
     )
 
 
-def overlay(codes: tuple[str, ...]) -> Extension:
+def overlay() -> Extension:
     ext = library(
-        f"libtmaguard_overlay_{'-'.join(codes)}",
-        [GROUPS[c] for c in codes] + ["TMAGUARD_OVERLAY"],
-        "libcuda.so.1",
+        "libtmaguard_overlay", ["entry_points", "proc_address", "launch_ex"], ["TMAGUARD_OVERLAY"], "libcuda.so.1"
     )
     ext.define_macros.append(("TMAGUARD_LAYER_PLACEHOLDER", f'"{PLACEHOLDER}"'))
     # The placeholder as an optional filter (DT_AUXILIARY), not DT_NEEDED: the file as shipped needs nothing
@@ -80,12 +78,11 @@ class PlatformWheel(bdist_wheel):
         return ("py3", "none", super().get_tag()[2])
 
 
-subsets = [c for n in range(1, 4) for c in itertools.combinations(GROUPS, n)]
 setup(
     ext_modules=[
-        library("libtmaguard_encoders", ["TMAGUARD_ENCODERS"], "libtmaguard_encoders.so"),
-        library("libtmaguard_proc_address", ["TMAGUARD_PROC_ADDRESS_V2"], "libtmaguard_proc_address.so"),
-        *(overlay(codes) for codes in subsets),
+        library("libtmaguard_encoders", ["entry_points"], [], "libtmaguard_encoders.so"),
+        library("libtmaguard_proc_address", ["proc_address"], [], "libtmaguard_proc_address.so"),
+        overlay(),
     ],
     cmdclass={"build_ext": BuildSharedLibraries, "build_py": BuildWithPthHook, "bdist_wheel": PlatformWheel},
 )

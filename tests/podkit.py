@@ -23,20 +23,22 @@ TESTS_DIR = Path(__file__).resolve().parent
 CSRC = TESTS_DIR / "csrc"
 DEFAULT_BUILD_DIR = TESTS_DIR / ".build"
 
-KINDS = (
-    "bare",
-    "vcuda",
-    "vcuda-fork",
-    "vcuda-noforward",
-    "vcuda-gpa-v2",
-    "vcuda-no-gpa",
-    "hami",
-    "lupine",
-    "nogpu",
-)
-VCUDA_KINDS = ("vcuda", "vcuda-fork", "vcuda-noforward", "vcuda-gpa-v2", "vcuda-no-gpa")
-# vcuda-gpa-v2 keeps its real driver where distributions install it, not beside the layer.
-SYSTEM_DRIVER_DIR = "usr/lib/x86_64-linux-gnu"
+KINDS = ("bare", "vcuda", "vcuda-v105", "vcuda-fork", "hami", "lupine", "nogpu")
+# tkestack vCUDA master, its release v1.0.5, and a fork with the CUDA 12 entry points (tests/csrc/standin_layer.c).
+VCUDA_KINDS = ("vcuda", "vcuda-v105", "vcuda-fork")
+# The vCUDA layer's memory quota in the emulated pods, unless a test asks for another.
+VCUDA_QUOTA = 20 << 30
+# A model name per compute capability: the guard reads the name from /proc/driver/nvidia (vllm_tmaguard/gpu.py)
+# and vLLM asks the stand-in NVML; both must see the same GPU.
+GPU_OF_CAPABILITY = {
+    "7.5": "Tesla T4",
+    "8.0": "NVIDIA A100-SXM4-80GB",
+    "8.6": "NVIDIA A10G",
+    "8.9": "NVIDIA GeForce RTX 4090",
+    "9.0": "NVIDIA H100 80GB HBM3",
+    "10.0": "NVIDIA B200",
+    "12.0": "NVIDIA RTX PRO 6000 Blackwell Server Edition",
+}
 
 OLD_VLLM_VERSION = "0.6.6.post1"
 
@@ -130,7 +132,7 @@ class _Target:
 def _control_layer(output: str, *defines: str) -> _Target:
     """A variant of the stand-in layer (standin_layer.c with `defines`), named like vCUDA's library."""
     flags = (*LIB_FLAGS, *defines, "-Wl,-soname,libcuda-control.so")
-    return _Target(output, "standin_layer.c", flags, ("-ldl",))
+    return _Target(output, "standin_layer.c", flags, ("-ldl", "-lpthread"))
 
 
 _TARGETS: dict[str, _Target] = {
@@ -140,10 +142,8 @@ _TARGETS: dict[str, _Target] = {
         (*LIB_FLAGS, "-Wl,-soname,libcuda.so.1"),
     ),
     "layer": _control_layer("libcuda-control.so"),
+    "layer_v105": _control_layer("libcuda-control-v1.0.5.so", "-DLAYER_VCUDA_V105"),
     "layer_fork": _control_layer("libcuda-control-fork.so", "-DLAYER_FORK"),
-    "layer_noforward": _control_layer("libcuda-control-noforward.so", "-DLAYER_NO_FORWARD"),
-    "layer_gpa_v2": _control_layer("libcuda-control-gpa-v2.so", "-DLAYER_GPA_V2"),
-    "layer_no_gpa": _control_layer("libcuda-control-no-gpa.so", "-DLAYER_NO_GPA"),
     "layer_standalone": _Target(
         "libcuda-lupine.so",
         "standin_layer.c",
@@ -201,8 +201,8 @@ def _python_include() -> Path:
 def build_standins(build_dir: Path) -> dict[str, Path]:
     """Compile every stand-in (once; up-to-date outputs are kept).
 
-    Returns name -> path for: driver, layer, layer_fork, layer_noforward, layer_gpa_v2,
-    layer_no_gpa, layer_standalone, nvml, vgpu, old_vllm_ext, driver_calls_ext.
+    Returns name -> path for: driver, layer, layer_v105, layer_fork, layer_standalone, nvml, vgpu,
+    old_vllm_ext, driver_calls_ext.
     """
     build_dir = Path(build_dir)
     build_dir.mkdir(parents=True, exist_ok=True)
@@ -272,29 +272,54 @@ def _touch(path: Path, mode: int = 0o644) -> None:
     os.chmod(path, mode)
 
 
+def _write_gpus(root: Path, name: str, driver: str, count: int) -> None:
+    """The NVIDIA kernel module's files the guard reads (vllm_tmaguard/gpu.py), and the pod's device nodes."""
+    proc = root / "proc/driver/nvidia"
+    proc.mkdir(parents=True)
+    (proc / "version").write_text(
+        f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {driver}  Release Build  (standin)\n"
+        "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n"
+    )
+    for minor in range(count):
+        bus = proc / f"gpus/0000:{minor + 1:02x}:00.0"
+        bus.mkdir(parents=True)
+        (bus / "information").write_text(
+            f"Model: \t\t {name}\nIRQ:   \t\t 42\nBus Location: \t 0000:{minor + 1:02x}:00.0\n"
+            f"Device Minor: \t {minor}\nBus Type: \t PCIe\n"
+        )
+        _touch(root / f"dev/nvidia{minor}")
+
+
 def build_pod(
     base: Path,
     kind: str,
     *,
-    gpu_name: str = "NVIDIA GeForce RTX 4090",
+    gpu_name: str | None = None,
     cc: str = "8.9",
     driver: str = "550.142",
     gpu_count: int = 1,
+    quota: int = VCUDA_QUOTA,
+    vcuda_config: bool = True,
     build_dir: Path | None = None,
 ) -> Pod:
-    """Lay out an emulated pod of `kind` (see KINDS) in a new directory under `base`."""
+    """Lay out an emulated pod of `kind` (see KINDS) in a new directory under `base`. The GPU is named
+    after its compute capability unless `gpu_name` says otherwise; `quota`: the vCUDA layer's memory
+    quota (its vcuda.config, absent when `vcuda_config` is False)."""
     if kind not in KINDS:
         raise ValueError(f"unknown pod kind {kind!r}; expected one of {', '.join(KINDS)}")
+    gpu_name = gpu_name or GPU_OF_CAPABILITY[cc]
     libs = build_standins(build_dir or DEFAULT_BUILD_DIR)
     root = _unique_dir(Path(base), kind)
     lib_dir = root / "usr/local/nvidia/lib64"
     lib_dir.mkdir(parents=True)
     env: dict[str, str] = {"LD_LIBRARY_PATH": str(lib_dir), "TMAGUARD_ROOT": str(root)}
 
-    _install(libs["nvml"], lib_dir / "libnvidia-ml.so.1")
+    if kind not in VCUDA_KINDS:
+        _install(libs["nvml"], lib_dir / "libnvidia-ml.so.1")
     if kind == "nogpu":
         env["STANDIN_NVML_COUNT"] = "0"
         return Pod(kind, root, lib_dir, None, env)
+    _write_gpus(root, gpu_name, driver, gpu_count)
     env.update(
         {
             "STANDIN_NVML_NAME": gpu_name,
@@ -310,14 +335,7 @@ def build_pod(
         return Pod(kind, root, lib_dir, None, env)
 
     real_driver = lib_dir / f"libcuda.so.{driver}"
-    if kind == "vcuda-gpa-v2":
-        system = root / SYSTEM_DRIVER_DIR
-        system.mkdir(parents=True)
-        real_driver = system / f"libcuda.so.{driver}"
-        (system / "libcuda.so.1").symlink_to(real_driver.name)
-        env["STANDIN_LAYER_DRIVER_DIR"] = str(system)
     _install(libs["driver"], real_driver)
-
     if kind in ("bare", "hami"):
         _install(libs["driver"], lib_dir / "libcuda.so.1")
     if kind == "hami":
@@ -327,28 +345,31 @@ def build_pod(
         preload = root / "etc/ld.so.preload"
         preload.parent.mkdir(parents=True)
         preload.write_text("/usr/local/vgpu/libvgpu.so\n")
+        (root / "tmp").mkdir()
         env.update(
             {
                 "LD_PRELOAD": str(vgpu.resolve()),
                 "CUDA_DEVICE_MEMORY_LIMIT_0": "20g",
                 "CUDA_DEVICE_SM_LIMIT": "50",
+                "STANDIN_VGPU_STATE": str(root / "tmp/vgpu-state"),
             }
         )
 
     if kind in VCUDA_KINDS:
-        layer = {
-            "vcuda": "layer",
-            "vcuda-fork": "layer_fork",
-            "vcuda-noforward": "layer_noforward",
-            "vcuda-gpa-v2": "layer_gpa_v2",
-            "vcuda-no-gpa": "layer_no_gpa",
-        }
+        layer = {"vcuda": "layer", "vcuda-v105": "layer_v105", "vcuda-fork": "layer_fork"}
         control = lib_dir / "libcuda-control.so"
         _install(libs[layer[kind]], control)
-        # vCUDA's libcuda.so.1 is a hard link of libcuda-control.so.
-        os.link(control, lib_dir / "libcuda.so.1")
+        # vCUDA's device plugin hard-links libcuda-control.so as the driver and NVML libraries; the real
+        # ones stay beside it under their versioned names (the layer opens libcuda.so.<driver version>).
+        for name in ("libcuda.so.1", "libcuda.so", "libnvidia-ml.so.1", "libnvidia-ml.so"):
+            os.link(control, lib_dir / name)
+        _install(libs["nvml"], lib_dir / f"libnvidia-ml.so.{driver}")
+        if vcuda_config:
+            (root / "etc/vcuda").mkdir(parents=True)
+            (root / "etc/vcuda/vcuda.config").write_text(f"{quota}\n")
         _touch(root / "etc/vcuda/vcuda.sock")
         _touch(root / "usr/local/nvidia/bin/gpu-client", 0o755)
+        env["STANDIN_VCUDA_ROOT"] = str(root)
 
     return Pod(kind, root, lib_dir, real_driver, env)
 

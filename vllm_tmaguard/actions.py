@@ -24,24 +24,18 @@ class Outcome:
         return Outcome(self.done + other.done, self.failed + other.failed)
 
 
-def _configure(library: ctypes.CDLL, real_driver: str | None) -> ctypes.CDLL:
-    library.tmaguard_shim_set_real_driver.argtypes = [ctypes.c_char_p]
-    library.tmaguard_shim_set_real_driver(os.fsencode(real_driver) if real_driver else None)
-    return library
-
-
 def load_shim(library: str, real_driver: str | None) -> ctypes.CDLL:
     """Loads one shim into the global scope, ahead of libcuda.so.1 for every later look-up of its names.
     Only from a trusted path (trust.py): UntrustedPath, an OSError, otherwise."""
     path = trust.trusted_file(shim_path(library))
-    return _configure(ctypes.CDLL(path, mode=os.RTLD_GLOBAL | os.RTLD_NOW), real_driver)
+    return ctypes.CDLL(path, mode=os.RTLD_GLOBAL | os.RTLD_NOW)
 
 
 def load_overlay(supply: Supply, layer_path: str, real_driver: str | None, runtime_dir: str | None) -> str:
     """Installs and loads the overlay; from then on dlopen("libcuda.so.1") gives it. Returns its path.
     `runtime_dir` None: kept in memory. Raises OverlayError if it did not become libcuda.so.1."""
-    path = overlay.install(supply.groups, layer_path, runtime_dir)
-    library = _configure(ctypes.CDLL(path, mode=os.RTLD_NOW), real_driver)
+    path = overlay.install(layer_path, runtime_dir)
+    library = ctypes.CDLL(path, mode=os.RTLD_NOW)
     # The loader gives an earlier libcuda.so.1 (loaded unseen: no /proc, another thread) to every later
     # dlopen("libcuda.so.1"); then the overlay answers nothing and the shims must step in.
     answering = ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOW | os.RTLD_NOLOAD)

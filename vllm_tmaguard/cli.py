@@ -68,15 +68,13 @@ def env(
     libcuda.so.1 first): the overlay installed once per container, its directory first on LD_LIBRARY_PATH."""
     from .env_recipe import recipe
     from .facts import probe
-    from .gpu import GpuFacts
 
     try:
         toggles = parse_toggles(os.environ)
     except ToggleError as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(2) from None
-    # No NVML: nvmlInit loads libcuda.so.1, and what the overlay adds depends only on the library's exports.
-    facts = probe(os.environ, toggles.root, "cli", gpu=GpuFacts(error="not asked", source="none"))
+    facts = probe(os.environ, toggles.root, "cli")
     lines, code = recipe(facts, dict(os.environ), install_dir or None)
     typer.echo("\n".join(lines))
     raise typer.Exit(code)

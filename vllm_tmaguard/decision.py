@@ -111,11 +111,9 @@ def _tma_verdict(facts: Facts, encoder: tuple[bool, str]) -> TmaVerdict:
 
 
 def _encoder_route(facts: Facts) -> str:
-    """Where the overlay and shims take the encoders from, in their order (tmaguard_shim.c find_real)."""
-    lookups = [f"the layer's {n}" for n in (PROC_ADDRESS_V2, "cuGetProcAddress") if facts.driver.exports(n)]
+    """Where the overlay and shims take the encoders from (csrc/tmaguard.h's order)."""
     real = _real_driver(facts)
-    route = [*lookups[:1], *([f"the real driver {real}"] if real else [])]
-    return "through " + ", else ".join(route) if route else "from nowhere: the layer has no look-up"
+    return f"from the real driver the layer loads ({real})" if real else "from nowhere: no real driver"
 
 
 def _shims(facts: Facts, missing: dict[str, tuple[str, ...]]) -> list[Supply]:
@@ -158,9 +156,13 @@ def _supplies(
         return shims, []
     blocker = _overlay_blocker(facts, toggles)
     if blocker is None:
-        symbols = tuple(s for group, names in OVERLAY_GROUPS.items() if group in groups for s in names)
+        # The overlay carries every driver entry point of the CUDA 13 headers, each the layer's own export
+        # where it has one: whatever the layer lacks is supplied.
+        lacking = [s for group, names in OVERLAY_GROUPS.items() if group in groups for s in names]
+        symbols = tuple(dict.fromkeys([*missing, *lacking]))
         how = (
-            f"overlay libcuda.so.1 in front of {facts.driver.path}; encoders {_encoder_route(facts)}; "
+            f"overlay libcuda.so.1 in front of {facts.driver.path}: the layer's own export of each exact "
+            f"symbol, what it lacks from the real driver it loads; encoders {_encoder_route(facts)}; "
             "cuLaunchKernelEx through the layer's metered cuLaunchKernel where its attributes allow"
         )
         return [Supply("overlay", symbols, how, groups, tuple(s.library for s in shims))], []

@@ -52,7 +52,7 @@ def recipe(facts: Facts, environ: dict[str, str], install_dir: str | None) -> tu
         "# keeps metering every other driver call. Every process must find it first on its library path.",
     ]
     if install_dir:
-        lines.append(f"# installed {install(overlay_image(groups, driver.path), install_dir)}")
+        lines.append(f"# installed {install(overlay_image(driver.path), install_dir)}")
     else:
         lines += [
             "# 1. once per container, before vLLM starts (an init container sharing the volume, or the",

@@ -151,7 +151,7 @@ def probe(
     where the vLLM scan is cached across processes (the guard's private record directory)."""
     # The loader's view first: nvmlInit loads libcuda.so.1 (measured, driver 580), after which it is mapped.
     driver = probe_driver(environ, root, gpu.driver_version if gpu else None)
-    gpu = probe_gpus() if gpu is None else gpu
+    gpu = probe_gpus(root) if gpu is None else gpu
     layers = detect_layers(gather_evidence(root, environ, driver.info))
     vllm = probe_vllm_cached(cache_dir, vllm_dir)
     listed = None

@@ -1,19 +1,32 @@
-"""The GPUs, through NVML only: never a CUDA context (docs/design.md §2.8)."""
+"""The GPUs this pod reaches, read from the NVIDIA kernel module's files (docs/design.md §2.8): no NVML and no
+CUDA in this process. In a vCUDA pod libnvidia-ml.so.1 is the sharing layer itself, whose nvmlInit runs the
+layer's init (its config, a registration with the node's daemon, exit(-1) where that fails), and NVML's own
+init loads libcuda.so.1; the kernel module's files cost well under a millisecond.
+
+Steps, in order:
+  1. /proc/driver/nvidia/version: the driver version (vCUDA reads the same line to pick its real driver).
+  2. /proc/driver/nvidia/gpus/<bus id>/information: each GPU's model name, bus id and device minor.
+  3. /dev/nvidia<minor>: which of them the pod was given (the device plugin mounts only those).
+  4. The compute capability, from the model name (GPU_FAMILIES).
+System paths are read under TMAGUARD_ROOT (tests lay out a pod's files there)."""
 
 from __future__ import annotations
 
+import os
+import re
 from dataclasses import dataclass
 
-from .nvml import Nvml, NvmlError
+from .loader import under_root
 
 
 @dataclass(frozen=True)
 class Gpu:
     index: int
     name: str
-    compute_capability: tuple[int, int]
-    mig: bool | None = None  # None: NVML cannot tell (not supported)
-    virtualization: str | None = None  # NVML virtualization mode: none, pass-through, vgpu, host-vgpu, ...
+    compute_capability: tuple[int, int] | None  # None: a model this package does not know
+    bus_id: str = ""
+    mig: bool | None = None  # NVML only (the doctor's child process); None: not asked or not supported
+    virtualization: str | None = None  # NVML only: none, pass-through, vgpu, host-vgpu, ...
 
 
 @dataclass(frozen=True)
@@ -21,23 +34,38 @@ class GpuFacts:
     gpus: tuple[Gpu, ...] = ()
     driver_version: str | None = None
     cuda_driver_version: int | None = None  # e.g. 12040, derived from driver_version
-    error: str | None = None  # why NVML could not answer; None when it did
-    source: str = "nvml"
+    error: str | None = None  # why the GPUs could not be read; None when they were
+    source: str = "procfs"
 
     @property
     def present(self) -> bool:
         return bool(self.gpus)
 
     def capabilities(self) -> frozenset[tuple[int, int]]:
-        return frozenset(gpu.compute_capability for gpu in self.gpus)
+        """The GPUs' compute capabilities; empty when any of them is unknown (routing then assumes the
+        worst: every architecture with TMA kernels)."""
+        if any(gpu.compute_capability is None for gpu in self.gpus):
+            return frozenset()
+        return frozenset(gpu.compute_capability for gpu in self.gpus if gpu.compute_capability)
 
 
-_VIRTUALIZATION_MODES = {0: "none", 1: "pass-through", 2: "vgpu", 3: "host-vgpu", 4: "host-vsga"}
+# Model name patterns -> compute capability, most specific first (NVIDIA's CUDA GPUs list). Names as the
+# driver reports them, e.g. "NVIDIA H100 80GB HBM3", "NVIDIA GeForce RTX 4090", "NVIDIA A10G".
+GPU_FAMILIES: tuple[tuple[str, tuple[int, int]], ...] = (
+    (r"RTX \d+ Ada|Ada Generation", (8, 9)),
+    (r"\bGB10\b|DGX Spark", (12, 1)),
+    (r"RTX PRO \d+ Blackwell|GeForce RTX 50\d\d", (12, 0)),
+    (r"\bG?B300\b", (10, 3)),
+    (r"\bG?B200\b|\bB100\b", (10, 0)),
+    (r"\bGH200\b|\bH100\b|\bH200\b|\bH800\b|\bH20\b", (9, 0)),
+    (r"\bL40S?\b|\bL20\b|\bL4\b|\bL2\b|RTX 40\d\d", (8, 9)),
+    (r"\bA100\b|\bA800\b|\bA30\b", (8, 0)),
+    (r"\bA10G?\b|\bA40\b|\bA16\b|\bA2\b|RTX 30\d\d|RTX A\d+", (8, 6)),
+    (r"\bT4\b|RTX 20\d\d|Quadro RTX|TITAN RTX", (7, 5)),
+    (r"\bV100\b|TITAN V\b", (7, 0)),
+)
 
-
-# The first Linux driver of each CUDA release (NVIDIA's CUDA toolkit release notes). The CUDA version is
-# derived from the driver version because nvmlSystemGetCudaDriverVersion loads libcuda.so.1 to answer
-# (measured on an H200, driver 580), which would map the layer before the guard can act (docs/design.md §2.7).
+# The first Linux driver of each CUDA release (NVIDIA's CUDA toolkit release notes).
 _FIRST_DRIVER_OF_CUDA = (
     ((580, 65, 6), 13000),
     ((575, 51, 3), 12090),
@@ -52,6 +80,12 @@ _FIRST_DRIVER_OF_CUDA = (
     ((520, 61, 5), 11080),
     ((450, 80, 2), 11000),
 )
+_DRIVER_VERSION = re.compile(r"\b(\d+\.\d+(?:\.\d+)?)\b")
+_PROC = "/proc/driver/nvidia"
+
+
+def capability_of(name: str) -> tuple[int, int] | None:
+    return next((cc for pattern, cc in GPU_FAMILIES if re.search(pattern, name)), None)
 
 
 def cuda_version_of_driver(driver: str | None) -> int | None:
@@ -64,40 +98,49 @@ def cuda_version_of_driver(driver: str | None) -> int | None:
     return next((cuda for first, cuda in _FIRST_DRIVER_OF_CUDA if padded >= first), None) if parts else None
 
 
-def _optional(call, *args):  # type: ignore[no-untyped-def]
+def parse_driver_version(text: str) -> str | None:
+    """The version on /proc/driver/nvidia/version's NVRM line ("NVRM version: NVIDIA UNIX x86_64 Kernel
+    Module  580.95.05  Tue ..." -> "580.95.05")."""
+    line = next((line for line in text.splitlines() if line.startswith("NVRM")), "")
+    match = _DRIVER_VERSION.search(line.partition("Module")[2] or line)
+    return match.group(1) if match else None
+
+
+def parse_information(text: str) -> dict[str, str]:
+    """The 'Key: value' lines of /proc/driver/nvidia/gpus/<bus id>/information."""
+    fields = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            fields[key.strip()] = value.strip()
+    return fields
+
+
+def _read(path: str) -> str | None:
     try:
-        return call(*args)
-    except (NvmlError, AttributeError):
+        with open(path, errors="replace") as file:
+            return file.read()
+    except OSError:
         return None
 
 
-def probe_gpus() -> GpuFacts:
-    """Asks NVML (in this process) for every GPU's name, compute capability, MIG and virtualization mode."""
+def probe_gpus(root: str = "/") -> GpuFacts:
+    """The pod's GPUs from the kernel module's files (the steps in this module's docstring)."""
+    version_text = _read(under_root(root, f"{_PROC}/version"))
+    if version_text is None:
+        return GpuFacts(error=f"no NVIDIA kernel module ({_PROC}/version is missing)")
+    driver = parse_driver_version(version_text)
+    gpus_dir = under_root(root, f"{_PROC}/gpus")
     try:
-        nvml = Nvml()
-        nvml.init()
-    except (OSError, NvmlError, AttributeError) as error:
-        return GpuFacts(error=f"NVML unavailable: {error}")
-    try:
-        gpus = []
-        for index in range(nvml.device_count()):
-            handle = nvml.handle(index)
-            mig = _optional(nvml.mig_mode, handle)
-            virt = _optional(nvml.virtualization_mode, handle)
-            gpus.append(
-                Gpu(
-                    index=index,
-                    name=nvml.name(handle),
-                    compute_capability=nvml.compute_capability(handle),
-                    mig=None if mig is None else bool(mig),
-                    virtualization=None if virt is None else _VIRTUALIZATION_MODES.get(virt, str(virt)),
-                )
-            )
-        driver = _optional(nvml.driver_version)
-        return GpuFacts(
-            gpus=tuple(gpus), driver_version=driver, cuda_driver_version=cuda_version_of_driver(driver)
-        )
-    except (NvmlError, AttributeError) as error:
-        return GpuFacts(error=f"NVML query failed: {error}")
-    finally:
-        _optional(nvml.shutdown)
+        bus_ids = sorted(os.listdir(gpus_dir))
+    except OSError:
+        bus_ids = []
+    gpus = []
+    for bus_id in bus_ids:
+        info = parse_information(_read(os.path.join(gpus_dir, bus_id, "information")) or "")
+        minor = info.get("Device Minor", "")
+        if not minor.isdigit() or not os.path.exists(under_root(root, f"/dev/nvidia{minor}")):
+            continue  # a GPU of the node that this pod was not given
+        name = info.get("Model", "unknown")
+        gpus.append(Gpu(len(gpus), name, capability_of(name), bus_id))
+    return GpuFacts(tuple(gpus), driver, cuda_version_of_driver(driver))

@@ -3,18 +3,16 @@ the guard logs one line and gets out of the way, unless strict mode asks it to s
 
 from __future__ import annotations
 
-import _thread
 import errno
 import os
 import threading
 import time
-from dataclasses import replace
 from typing import Any
 
 from .actions import Outcome, apply_routing, apply_supplies
 from .decision import decide
 from .facts import Facts, probe
-from .gpu import GpuFacts, probe_gpus
+from .gpu import probe_gpus
 from .record import build_record, emit, log_line, process_record_path, write_record
 from .toggles import ToggleError, parse_toggles, strict_requested
 from .trust import private_dir, probe_root_problem, redact
@@ -28,13 +26,6 @@ class GuardStop(SystemExit):
         super().__init__(f"vllm-tmaguard (TMAGUARD_STRICT=1) stopped start-up: {cause}. Fix: {fix}")
 
 
-GPU_NOT_ASKED_YET = GpuFacts(error="NVML not asked yet", source="deferred")
-# The guard's own NVML query is bounded: `import vllm` alone never asks NVML, so a hanging NVML must not
-# hang the guard there. vLLM's platform detection asks NVML again, unbounded, as it would without the guard.
-NVML_TIMEOUT_S = 30.0
-# nvmlInit loads libcuda.so.1: one the guard could not read may crash the process (a truncated file: SIGBUS)
-# before the record line is out. Nothing the decision needs about such a file depends on the GPU.
-NVML_NOT_ASKED = GpuFacts(error="NVML not asked: it would load the unreadable libcuda.so.1", source="none")
 _MISSING = os.strerror(errno.ENOENT)  # elf.ElfError's reason for a file that is not there
 _lock = threading.Lock()
 _activated = False
@@ -97,19 +88,16 @@ def _run(trigger: str) -> dict[str, Any] | None:
         # The overlay's file, the scan cache and last.json go only to a directory that is ours alone.
         runtime_dir, dir_problem = private_dir(toggles.record_dir)
         faults = [] if dir_problem is None else [f"TMAGUARD_RECORD_DIR unusable: {dir_problem}"]
-        # NVML's nvmlInit loads libcuda.so.1 (measured on driver 580), so the file probes come first and
-        # the overlay or shims are loaded before the GPU is asked about; what to supply does not depend on
-        # the GPU, how to route does.
-        facts = probe(environ, toggles.root, trigger, gpu=GPU_NOT_ASKED_YET, cache_dir=runtime_dir)
+        # Passive only: the GPUs from the kernel module's files, never NVML (in a vCUDA pod NVML is the layer).
+        facts = probe(environ, toggles.root, trigger, gpu=probe_gpus(toggles.root), cache_dir=runtime_dir)
+        decision = decide(facts, toggles)
         outcome = Outcome()
         if toggles.mode == "auto":
             refused = probe_root_problem(toggles.root, facts.driver.resolution.how, facts.driver.path)
             if refused is None:
-                outcome = apply_supplies(decide(facts, toggles), runtime_dir)
+                outcome = apply_supplies(decision, runtime_dir)
             else:
                 faults.append(refused)
-        facts = replace(facts, gpu=_ask_gpus(NVML_TIMEOUT_S) if _nvml_safe(facts) else NVML_NOT_ASKED)
-        decision = decide(facts, toggles)
         if decision.apply:
             outcome += apply_routing(decision)
         if decision.level != "debug":  # no GPU and no libcuda.so.1: nothing the faults could matter to
@@ -144,34 +132,6 @@ def _run(trigger: str) -> dict[str, Any] | None:
             "see `tmaguard doctor`; or set TMAGUARD_STRICT=0 to start with the problem logged",
         )
     return record
-
-
-def _ask_gpus(timeout: float) -> GpuFacts:
-    """probe_gpus in another thread, waited for at most `timeout` seconds. A thread that does not answer
-    is left behind, stuck where vLLM's own NVML call will be stuck too (a bare _thread: no threading
-    bookkeeping, and interpreter exit does not wait for it)."""
-    answer: list[GpuFacts] = []
-    answered = _thread.allocate_lock()
-    answered.acquire()
-
-    def ask() -> None:
-        try:
-            answer.append(probe_gpus())
-        except BaseException as error:  # reported in the answer, never raised in a stray thread
-            answer.append(GpuFacts(error=f"NVML query failed: {type(error).__name__}: {error}"))
-        finally:
-            answered.release()
-
-    try:
-        _thread.start_new_thread(ask, ())
-    except RuntimeError:  # no thread to be had (a pids limit): ask here, unbounded, as vLLM will
-        return probe_gpus()
-    answered.acquire(timeout=timeout)
-    return answer[0] if answer else GpuFacts(error=f"NVML did not answer within {timeout:g} s")
-
-
-def _nvml_safe(facts: Facts) -> bool:
-    return facts.driver.path is None or facts.driver.info is not None
 
 
 def _probe_faults(facts: Facts) -> list[str]:

@@ -1,9 +1,11 @@
-"""The few NVML calls the guard makes, through ctypes. nvidia-ml-py's pynvml costs 30-40 ms to import
-(measured here), several times the guard's whole start-up budget; these nine calls cost well under 1 ms."""
+"""The few NVML calls `tmaguard doctor --active` makes in a child process, through ctypes (nvidia-ml-py's
+pynvml costs 30-40 ms to import). The guard itself never calls NVML (gpu.py)."""
 
 from __future__ import annotations
 
 import ctypes
+
+from .gpu import Gpu, GpuFacts, cuda_version_of_driver
 
 _SUCCESS = 0
 
@@ -71,3 +73,48 @@ class Nvml:
         buffer = ctypes.create_string_buffer(96)
         self._call("nvmlSystemGetDriverVersion", buffer, ctypes.c_uint(len(buffer)))
         return buffer.value.decode(errors="replace")
+
+
+_VIRTUALIZATION_MODES = {0: "none", 1: "pass-through", 2: "vgpu", 3: "host-vgpu", 4: "host-vsga"}
+
+
+def _optional(call, *args):  # type: ignore[no-untyped-def]
+    try:
+        return call(*args)
+    except (NvmlError, AttributeError):
+        return None
+
+
+def probe_with_nvml(library: str = "libnvidia-ml.so.1") -> GpuFacts:
+    """Every GPU's name, compute capability, MIG and virtualization mode, from NVML in this process. Only
+    `tmaguard doctor --active` runs it, in a child process: in a vCUDA pod NVML is the sharing layer, whose
+    nvmlInit runs the layer's init (docs/design.md §2.8)."""
+    try:
+        nvml = Nvml(library)
+        nvml.init()
+    except (OSError, NvmlError, AttributeError) as error:
+        return GpuFacts(error=f"NVML unavailable: {error}", source="nvml")
+    try:
+        gpus = []
+        for index in range(nvml.device_count()):
+            handle = nvml.handle(index)
+            mig = _optional(nvml.mig_mode, handle)
+            virt = _optional(nvml.virtualization_mode, handle)
+            gpus.append(
+                Gpu(
+                    index=index,
+                    name=nvml.name(handle),
+                    compute_capability=nvml.compute_capability(handle),
+                    mig=None if mig is None else bool(mig),
+                    virtualization=None if virt is None else _VIRTUALIZATION_MODES.get(virt, str(virt)),
+                )
+            )
+        driver = _optional(nvml.driver_version)
+        return GpuFacts(
+            gpus=tuple(gpus), driver_version=driver, cuda_driver_version=cuda_version_of_driver(driver),
+            source="nvml",
+        )
+    except (NvmlError, AttributeError) as error:
+        return GpuFacts(error=f"NVML query failed: {error}", source="nvml")
+    finally:
+        _optional(nvml.shutdown)

@@ -26,14 +26,14 @@ class OverlayError(RuntimeError):
     pass
 
 
-def overlay_image(groups: frozenset[str], layer_path: str) -> bytes:
-    """The overlay variant for `groups`, its placeholder replaced by the layer's absolute path."""
+def overlay_image(layer_path: str) -> bytes:
+    """The package's overlay, its placeholder replaced by the layer's absolute path."""
     if not os.path.isabs(layer_path):
         raise OverlayError(f"layer path {layer_path!r} is not absolute")
     encoded = os.fsencode(layer_path)
     if len(encoded) > len(PLACEHOLDER) or b"\0" in encoded:
         raise OverlayError(f"layer path {layer_path!r} is longer than {len(PLACEHOLDER)} bytes")
-    path = overlay_path(groups)
+    path = overlay_path()
     with open(path, "rb") as file:
         image = bytearray(file.read())
     if image.count(PLACEHOLDER + b"\0") != 2:  # in .dynstr and the copy in .rodata
@@ -92,12 +92,12 @@ def write_memfd(image: bytes) -> str:
     return f"/proc/self/fd/{fd}"
 
 
-def install(groups: frozenset[str], layer_path: str, directory: str | None) -> str:
+def install(layer_path: str, directory: str | None) -> str:
     """The overlay's file for this layer, in `directory` (the guard's, from trust.private_dir; write_private
     checks again what it creates there), else in memory (also when `directory` is None). Raises
     UntrustedPath when the package's own variant is not trusted."""
-    trust.trusted_file(overlay_path(groups))
-    image = overlay_image(groups, layer_path)
+    trust.trusted_file(overlay_path())
+    image = overlay_image(layer_path)
     if directory is not None:
         with contextlib.suppress(OSError):
             return write_private(image, directory)

@@ -2,6 +2,10 @@
  * Stand-in for NVIDIA's real driver library (libcuda.so.<version>, SONAME
  * libcuda.so.1). Every entry point counts its calls and succeeds; the
  * tensor-map encoders write a recognisable descriptor (see write_descriptor).
+ * Like the real driver it also exports the older ABIs: the legacy cuMemAlloc,
+ * cuMemGetInfo and cuDeviceTotalMem (32-bit sizes and pointers) answer
+ * CUDA_ERROR_INVALID_CONTEXT, the failure a 64-bit caller handed them saw on
+ * an H200 under tkestack vCUDA (docs/design.md §2.2).
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -12,9 +16,14 @@
 #define DRIVER_EPS(X)                                                          \
     STANDIN_L_EPS(X)                                                           \
     STANDIN_BASIC_EPS(X)                                                       \
+    STANDIN_LEGACY_EPS(X)                                                      \
+    STANDIN_CUDA12_EPS(X)                                                      \
     STANDIN_NEW_EPS(X)                                                         \
     X(cuOccupancyMaxActiveClusters, -1, 0)                                     \
     X(cuGetProcAddress, -1, 0)
+
+/* What a process would see as the whole GPU's memory. */
+#define DEVICE_MEMORY (80ULL << 30)
 
 enum {
 #define X(n, i, b) IDX_##n,
@@ -64,12 +73,48 @@ STANDIN_EXPORT int standin_is_real_driver(void) { return 1; }
         return CUDA_SUCCESS;                                                   \
     }
 STANDIN_GENERIC_EPS(X)
+STANDIN_CUDA12_EPS(X)
+X(cuMemAlloc_v2, 0, 8)
+X(cuLaunchKernel, -1, 0)
+X(cuLaunchCooperativeKernel, -1, 0)
+X(cuLaunchKernel_ptsz, -1, 0)
+X(cuLaunchCooperativeKernel_ptsz, -1, 0)
+X(cuMemcpyAsync, -1, 0)
+X(cuMemcpyAsync_ptsz, -1, 0)
+X(cuStreamWaitValue32, -1, 0)
+X(cuGetExportTable, 0, 8)
+X(cuLaunchKernelEx, -1, 0)
+X(cuLaunchKernelEx_ptsz, -1, 0)
 #undef X
 
-STANDIN_EXPORT CUresult cuLaunchKernelEx(STANDIN_GENERIC_PARAMS) {
-    bump(IDX_cuLaunchKernelEx);
+/* (size_t *free, size_t *total) */
+STANDIN_EXPORT CUresult cuMemGetInfo_v2(STANDIN_GENERIC_PARAMS) {
+    bump(IDX_cuMemGetInfo_v2);
+    if (!a0 || !a1)
+        return CUDA_ERROR_INVALID_VALUE;
+    *(unsigned long long *)a0 = *(unsigned long long *)a1 = DEVICE_MEMORY;
     return CUDA_SUCCESS;
 }
+
+/* (size_t *bytes, CUdevice) */
+STANDIN_EXPORT CUresult cuDeviceTotalMem_v2(STANDIN_GENERIC_PARAMS) {
+    bump(IDX_cuDeviceTotalMem_v2);
+    if (!a0)
+        return CUDA_ERROR_INVALID_VALUE;
+    *(unsigned long long *)a0 = DEVICE_MEMORY;
+    return CUDA_SUCCESS;
+}
+
+/* The pre-3.2 ABIs: counted, and unusable by a caller built for the current ones. */
+#define LEGACY(n)                                                              \
+    STANDIN_EXPORT CUresult n(STANDIN_GENERIC_PARAMS) {                        \
+        (void)a0;                                                              \
+        bump(IDX_##n);                                                         \
+        return CUDA_ERROR_INVALID_CONTEXT;                                     \
+    }
+LEGACY(cuMemAlloc)
+LEGACY(cuMemGetInfo)
+LEGACY(cuDeviceTotalMem)
 
 /* (int *numClusters, CUfunction, const CUlaunchConfig *): Triton's launcher looks it up (CUDA 11.8+). */
 STANDIN_EXPORT CUresult cuOccupancyMaxActiveClusters(STANDIN_GENERIC_PARAMS) {
@@ -246,25 +291,33 @@ static void *lookup_exact(const char *symbol) {
     return NULL;
 }
 
-/* Like the real driver, a base name gives its current version: "cuMemAlloc" -> cuMemAlloc_v2 (cuda-python
- * asks for base names with a version number). */
-static void *lookup(const char *symbol) {
-    void *fn = lookup_exact(symbol);
+/* Like the real driver, a base name gives its current ABI ("cuMemAlloc" -> cuMemAlloc_v2, and for a
+ * per-thread-default-stream caller "cuLaunchKernel" -> cuLaunchKernel_ptsz). The stand-in takes the newest
+ * symbol it has, whatever the version asked. */
+static void *lookup(const char *symbol, unsigned long long flags) {
+    static const char *const suffixes[] = {"_v4", "_v3", "_v2", ""};
     char versioned[128];
-    if (!fn && snprintf(versioned, sizeof(versioned), "%s_v2", symbol) < (int)sizeof(versioned))
-        fn = lookup_exact(versioned);
-    return fn;
+    for (size_t k = 0; k < sizeof(suffixes) / sizeof(suffixes[0]); k++) {
+        const char *ptsz = flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM ? "_ptsz" : "";
+        for (int per_thread = 1; per_thread >= 0; per_thread--) {
+            snprintf(versioned, sizeof(versioned), "%s%s%s", symbol, suffixes[k], per_thread ? ptsz : "");
+            void *fn = (per_thread && !*ptsz) ? NULL : lookup_exact(versioned);
+            if (fn)
+                return fn;
+        }
+    }
+    return NULL;
 }
 
 /* Like the real driver: unknown names give CUDA_SUCCESS and a NULL pointer. */
 STANDIN_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn,
                                          int cudaVersion,
                                          unsigned long long flags) {
-    (void)cudaVersion, (void)flags;
+    (void)cudaVersion;
     bump(IDX_cuGetProcAddress);
     if (!symbol || !pfn)
         return CUDA_ERROR_INVALID_VALUE;
-    *pfn = lookup(symbol);
+    *pfn = lookup(symbol, flags);
     return CUDA_SUCCESS;
 }
 
@@ -272,11 +325,11 @@ STANDIN_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn,
                                             int cudaVersion,
                                             unsigned long long flags,
                                             int *symbolStatus) {
-    (void)cudaVersion, (void)flags;
+    (void)cudaVersion;
     bump(IDX_cuGetProcAddress_v2);
     if (!symbol || !pfn)
         return CUDA_ERROR_INVALID_VALUE;
-    *pfn = lookup(symbol);
+    *pfn = lookup(symbol, flags);
     if (symbolStatus)
         *symbolStatus = *pfn ? CU_GET_PROC_ADDRESS_SUCCESS
                              : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;

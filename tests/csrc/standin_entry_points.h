@@ -15,11 +15,14 @@ typedef int CUresult;
 
 #define CUDA_SUCCESS 0
 #define CUDA_ERROR_INVALID_VALUE 1
+#define CUDA_ERROR_OUT_OF_MEMORY 2
 #define CUDA_ERROR_NOT_INITIALIZED 3
+#define CUDA_ERROR_INVALID_CONTEXT 201
 #define CUDA_ERROR_STUB_LIBRARY 34
 #define CUDA_ERROR_NOT_FOUND 500
 #define CU_GET_PROC_ADDRESS_SUCCESS 0
 #define CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND 1
+#define CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM 2
 
 /* Generic signature: integer/pointer arguments only, extra slots are ignored. */
 #define STANDIN_GENERIC_PARAMS                                                 \
@@ -48,8 +51,6 @@ typedef CUresult (*standin_generic_fn)(STANDIN_GENERIC_PARAMS);
     X(cuFuncGetAttribute, 0, 4)                                                \
     X(cuFuncSetAttribute, -1, 0)                                               \
     X(cuFuncSetCacheConfig, -1, 0)                                             \
-    X(cuLaunchCooperativeKernel, -1, 0)                                        \
-    X(cuLaunchKernel, -1, 0)                                                   \
     X(cuLinkAddData_v2, -1, 0)                                                 \
     X(cuLinkComplete, 1, 8)                                                    \
     X(cuLinkCreate_v2, 3, 8)                                                   \
@@ -59,14 +60,12 @@ typedef CUresult (*standin_generic_fn)(STANDIN_GENERIC_PARAMS);
     X(cuModuleLoadDataEx, 0, 8)                                                \
     X(cuModuleUnload, -1, 0)                                                   \
     X(cuOccupancyMaxActiveBlocksPerMultiprocessor, 0, 4)                       \
-    X(cuMemAlloc_v2, 0, 8)                                                     \
     X(cuMemFree_v2, -1, 0)                                                     \
     X(cuMemcpyHtoD_v2, -1, 0)                                                  \
     X(cuMemcpyDtoH_v2, -1, 0)                                                  \
     X(cuCtxCreate_v2, 0, 8)                                                    \
     X(cuCtxSynchronize, -1, 0)                                                 \
     X(cuDeviceGetName, 0, 1)                                                   \
-    X(cuDeviceTotalMem_v2, 0, 8)                                               \
     X(cuDeviceComputeCapability, 0, 4)
 
 /* cuGetErrorString / cuGetErrorName(CUresult, const char **out). */
@@ -74,8 +73,38 @@ typedef CUresult (*standin_generic_fn)(STANDIN_GENERIC_PARAMS);
     X(cuGetErrorString, -1, 0)                                                 \
     X(cuGetErrorName, -1, 0)
 
+/* Part of L that a sharing layer meters (vCUDA hooks them: memory quota, SM limiter). */
+#define STANDIN_METERED_EPS(X)                                                 \
+    X(cuMemAlloc_v2, 0, 8)                                                     \
+    X(cuMemGetInfo_v2, -1, 0)                                                  \
+    X(cuDeviceTotalMem_v2, 0, 8)                                               \
+    X(cuLaunchKernel, -1, 0)                                                   \
+    X(cuLaunchCooperativeKernel, -1, 0)
+
 /* The whole list L. */
-#define STANDIN_L_EPS(X) STANDIN_GENERIC_EPS(X) STANDIN_ERROR_EPS(X)
+#define STANDIN_L_EPS(X) STANDIN_GENERIC_EPS(X) STANDIN_METERED_EPS(X) STANDIN_ERROR_EPS(X)
+
+/* Older ABIs and per-thread-default-stream variants a driver (and a layer built against CUDA 11 headers)
+   exports beside L: the legacy cuMemAlloc of 32-bit device pointers, cuMemGetInfo, cuDeviceTotalMem. */
+#define STANDIN_LEGACY_EPS(X)                                                  \
+    X(cuMemAlloc, 0, 4)                                                        \
+    X(cuMemGetInfo, -1, 0)                                                     \
+    X(cuDeviceTotalMem, 0, 4)                                                  \
+    X(cuLaunchKernel_ptsz, -1, 0)                                              \
+    X(cuLaunchCooperativeKernel_ptsz, -1, 0)                                   \
+    X(cuMemcpyAsync, -1, 0)                                                    \
+    X(cuMemcpyAsync_ptsz, -1, 0)                                               \
+    X(cuStreamWaitValue32, -1, 0)                                              \
+    X(cuGetExportTable, 0, 8)
+
+/* Entry points of the CUDA 12 runtime libraries (cuBLASLt loads kernels as libraries) that a layer built
+   against CUDA 11 headers lacks. */
+#define STANDIN_CUDA12_EPS(X)                                                  \
+    X(cuLibraryLoadData, 0, 8)                                                 \
+    X(cuLibraryGetKernel, 0, 8)                                                \
+    X(cuKernelGetFunction, 0, 8)                                               \
+    X(cuCtxCreate_v4, 0, 8)                                                    \
+    X(cuStreamWaitValue32_v2, -1, 0)
 
 /* Exported by every stand-in libcuda (driver and layers) beside L. */
 #define STANDIN_BASIC_EPS(X)                                                   \
@@ -93,7 +122,8 @@ typedef CUresult (*standin_generic_fn)(STANDIN_GENERIC_PARAMS);
 #define STANDIN_NEW_EPS(X)                                                     \
     STANDIN_ENCODER_EPS(X)                                                     \
     X(cuGetProcAddress_v2, -1, 0)                                              \
-    X(cuLaunchKernelEx, -1, 0)
+    X(cuLaunchKernelEx, -1, 0)                                                 \
+    X(cuLaunchKernelEx_ptsz, -1, 0)
 
 /* Exact prototypes of the encoders (they take more than 12 arguments). */
 typedef unsigned long long cuuint64_t;

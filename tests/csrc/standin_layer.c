@@ -1,100 +1,87 @@
 /*
- * Stand-in for a GPU-sharing layer installed as the pod's libcuda.so.1.
+ * Stand-in for a GPU-sharing layer installed as the pod's libcuda.so.1, modelled on tkestack vCUDA's
+ * vcuda-controller as built from its source (docs/real-layers.md names the commits):
  *
- * Default build: tkestack vCUDA as shipped (libcuda-control.so): exports L,
- * cuInit, cuDriverGetVersion, cuDeviceGetCount and a v1 cuGetProcAddress, each
- * metered and forwarded to the real driver found beside it; no tensor-map
- * encoders, no cuGetProcAddress_v2, no cuLaunchKernelEx.
- *   -DLAYER_FORK        a vCUDA fork that also exports the newer entry points.
- *   -DLAYER_NO_FORWARD  cuGetProcAddress answers 500 for names it lacks.
+ * - Built against CUDA 11 headers: exports L, the older ABIs beside it (cuMemAlloc and cuMemAlloc_v2, ...),
+ *   a v1 cuGetProcAddress; no tensor-map encoders, no cuGetProcAddress_v2, no cuLaunchKernelEx, nothing of
+ *   CUDA 12 (cuLibrary*, cuKernel*).
+ * - Every export forwards through a table that only the layer's init fills: cuInit, cuDriverGetVersion,
+ *   nvmlInit_v2/nvmlInitWithFlags (NVML is the layer too: libnvidia-ml.so.1 is the same file) and, in
+ *   master, cuGetProcAddress. A call through the empty table is a crash in the real layer; here it aborts
+ *   with a line naming the entry point.
+ * - The init reads $STANDIN_VCUDA_ROOT/etc/vcuda/vcuda.config (the memory quota in bytes; without it the
+ *   real layer exits the process with -1, and so does this one), registers the process with the node's
+ *   daemon (a line in $STANDIN_VCUDA_ROOT/etc/vcuda/registrations stands for gpu-client), reads the driver
+ *   version from $STANDIN_VCUDA_ROOT/proc/driver/nvidia/version and opens libcuda.so.<version> and
+ *   libnvidia-ml.so.<version> by those names.
+ * - Meters: cuMemAlloc_v2 and legacy cuMemAlloc against the quota; cuMemGetInfo(_v2) and
+ *   cuDeviceTotalMem(_v2) answer with the quota; launches are counted.
+ * Variants:
+ *   default             vCUDA master: its v1 cuGetProcAddress runs the init, asks the real driver, then swaps
+ *                       in its hook by the requested name, so ("cuMemAlloc", 13000) gets the legacy hook.
+ *   -DLAYER_VCUDA_V105  vCUDA v1.0.5: its v1 cuGetProcAddress forwards through the table, hook-less (the
+ *                       real driver's pointers: unmetered), and through the empty table before init.
+ *   -DLAYER_FORK        a vCUDA fork that also exports cuGetProcAddress_v2, the encoders and
+ *                       cuLaunchKernelEx.
  *   -DLAYER_STANDALONE  lupine-like: no local driver, everything succeeds.
- *   -DLAYER_GPA_V2      exports cuGetProcAddress_v2 too (both look-ups forward what they do not hook),
- *                       still no encoders and no cuLaunchKernelEx.
- *   -DLAYER_NO_GPA      built against headers older than CUDA 11.3: no cuGetProcAddress of any version;
- *                       exports versioned and per-thread-stream symbols (cuMemAlloc and cuMemAlloc_v2,
- *                       cuMemcpyAsync_ptsz, ...) as an old driver does.
- * The real driver is found beside the layer, or in $STANDIN_LAYER_DRIVER_DIR when that is set.
  */
 #define _GNU_SOURCE
-#include <dirent.h>
 #include <dlfcn.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "standin_entry_points.h"
 
-#if defined(LAYER_FORK) + defined(LAYER_NO_FORWARD) + defined(LAYER_STANDALONE) +                    \
-        defined(LAYER_GPA_V2) + defined(LAYER_NO_GPA) >                                                \
-    1
+#if defined(LAYER_FORK) + defined(LAYER_STANDALONE) + defined(LAYER_VCUDA_V105) > 1
 #error "choose at most one layer variant"
 #endif
 
 #if defined(LAYER_FORK)
 #define LAYER_VARIANT "fork"
 #define LAYER_EXTRA_EPS(X) STANDIN_NEW_EPS(X)
-#elif defined(LAYER_NO_FORWARD)
-#define LAYER_VARIANT "noforward"
-#define LAYER_EXTRA_EPS(X)
 #elif defined(LAYER_STANDALONE)
 #define LAYER_VARIANT "standalone"
 #define LAYER_EXTRA_EPS(X)
-#elif defined(LAYER_GPA_V2)
-#define LAYER_VARIANT "gpa-v2"
-#define LAYER_EXTRA_EPS(X) X(cuGetProcAddress_v2, -1, 0)
-#elif defined(LAYER_NO_GPA)
-#define LAYER_VARIANT "no-gpa"
-/* Older ABIs and per-thread-default-stream variants, each its own (metered) function. */
-#define LAYER_EXTRA_EPS(X)                                                     \
-    X(cuMemAlloc, -1, 0)                                                       \
-    X(cuCtxCreate, -1, 0)                                                      \
-    X(cuCtxCreate_v3, -1, 0)                                                   \
-    X(cuMemcpyAsync, -1, 0)                                                    \
-    X(cuMemcpyAsync_ptsz, -1, 0)                                               \
-    X(cuStreamBeginCapture, -1, 0)                                             \
-    X(cuStreamBeginCapture_v2, -1, 0)                                          \
-    X(cuStreamBeginCapture_v2_ptsz, -1, 0)                                     \
-    X(cuLaunchKernel_ptsz, -1, 0)                                              \
-    X(cuGraphInstantiate_v2, -1, 0)                                            \
-    X(cuGraphInstantiateWithFlags, -1, 0)
-#else
-#define LAYER_VARIANT "upstream"
+#elif defined(LAYER_VCUDA_V105)
+#define LAYER_VARIANT "vcuda-v1.0.5"
 #define LAYER_EXTRA_EPS(X)
-#endif
-
-#if defined(LAYER_NO_GPA)
-#define LAYER_GPA_EPS(X)
 #else
-#define LAYER_GPA_EPS(X) X(cuGetProcAddress, -1, 0)
+#define LAYER_VARIANT "vcuda-master"
+#define LAYER_EXTRA_EPS(X)
 #endif
 
 #define LAYER_EPS(X)                                                           \
     STANDIN_L_EPS(X)                                                           \
     STANDIN_BASIC_EPS(X)                                                       \
     LAYER_EXTRA_EPS(X)                                                         \
-    LAYER_GPA_EPS(X)
+    X(cuGetProcAddress, -1, 0)
+
+/* vCUDA's own: CUDA 11 ABIs beside L (not in the standalone layer, which is not vCUDA). */
+#if defined(LAYER_STANDALONE)
+#define LAYER_ALL_EPS(X) LAYER_EPS(X)
+#else
+#define LAYER_ALL_EPS(X) LAYER_EPS(X) STANDIN_LEGACY_EPS(X)
+#endif
 
 enum {
 #define X(n, i, b) IDX_##n,
-    LAYER_EPS(X)
+    LAYER_ALL_EPS(X)
 #undef X
         N_EPS
 };
 
 static const char *const g_names[N_EPS] = {
 #define X(n, i, b) #n,
-    LAYER_EPS(X)
+    LAYER_ALL_EPS(X)
 #undef X
 };
 
 static long long g_calls[N_EPS];
-static char g_real_path[PATH_MAX];
-#if !defined(LAYER_STANDALONE)
-/* The real driver's functions, by the same index; filled by the constructor. */
-static void *g_real[N_EPS];
-#endif
 
 static void bump(int idx) { __atomic_fetch_add(&g_calls[idx], 1, __ATOMIC_RELAXED); }
 
@@ -107,20 +94,6 @@ static int index_of(const char *name) {
     return -1;
 }
 
-#if !defined(LAYER_STANDALONE)
-struct vcuda_config {
-    char magic[16];
-    int version;
-    int utilization_limit;
-    unsigned long long gpu_memory_limit;
-    char pod_uid[48];
-    char container_name[64];
-};
-
-STANDIN_EXPORT struct vcuda_config g_vcuda_config = {
-    "vcuda-standin", 1, 50, 20ULL << 30, "standin-pod", "standin"};
-#endif
-
 STANDIN_EXPORT long long standin_layer_calls(const char *name) {
     int i = index_of(name);
     return i < 0 ? -1 : __atomic_load_n(&g_calls[i], __ATOMIC_RELAXED);
@@ -130,14 +103,11 @@ STANDIN_EXPORT int standin_is_layer(void) { return 1; }
 
 STANDIN_EXPORT const char *standin_layer_variant(void) { return LAYER_VARIANT; }
 
-/* Path of the real driver the layer opened, or NULL. */
-STANDIN_EXPORT const char *standin_layer_real_driver(void) {
-    return g_real_path[0] ? g_real_path : NULL;
-}
-
 #if defined(LAYER_STANDALONE)
 
 /* ---- lupine-like: count and succeed ------------------------------------- */
+
+STANDIN_EXPORT const char *standin_layer_real_driver(void) { return NULL; }
 
 #define X(n, i, b)                                                             \
     STANDIN_EXPORT CUresult n(STANDIN_GENERIC_PARAMS) {                        \
@@ -148,6 +118,7 @@ STANDIN_EXPORT const char *standin_layer_real_driver(void) {
         return CUDA_SUCCESS;                                                   \
     }
 STANDIN_GENERIC_EPS(X)
+STANDIN_METERED_EPS(X)
 #undef X
 
 STANDIN_EXPORT CUresult cuGetErrorString(STANDIN_GENERIC_PARAMS) {
@@ -188,201 +159,408 @@ STANDIN_EXPORT CUresult cuDeviceGetCount(int *count) {
     return CUDA_SUCCESS;
 }
 
-#else
+/* Unknown names: CUDA_SUCCESS and a NULL pointer, like a layer that stubs what it does not know. */
+STANDIN_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion,
+                                         unsigned long long flags) {
+    (void)cudaVersion, (void)flags;
+    bump(IDX_cuGetProcAddress);
+    if (!symbol || !pfn)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pfn = index_of(symbol) < 0 ? NULL : dlsym(RTLD_DEFAULT, symbol);
+    return CUDA_SUCCESS;
+}
 
-/* ---- metered forwarding ------------------------------------------------- */
+#else /* a vCUDA build */
+
+/* ---- the table its init fills ------------------------------------------- */
+
+static void *g_real[N_EPS];
+static char g_real_path[PATH_MAX];
+static unsigned long long g_quota;
+static unsigned long long g_used;
+static pthread_once_t g_init_once = PTHREAD_ONCE_INIT;
+
+STANDIN_EXPORT const char *standin_layer_real_driver(void) {
+    return g_real_path[0] ? g_real_path : NULL;
+}
+
+/* The layer's own accounting of this process's device memory. */
+STANDIN_EXPORT unsigned long long standin_layer_used_bytes(void) {
+    return __atomic_load_n(&g_used, __ATOMIC_RELAXED);
+}
+
+static void *table_entry(int idx) {
+    void *fn = __atomic_load_n(&g_real[idx], __ATOMIC_ACQUIRE);
+    if (!fn) {
+        fprintf(stderr, "standin vCUDA: %s called through the empty table (the layer's init has not run)\n",
+                g_names[idx]);
+        abort();
+    }
+    return fn;
+}
+
+static void path_under_root(char *out, size_t size, const char *path) {
+    const char *root = getenv("STANDIN_VCUDA_ROOT");
+    snprintf(out, size, "%s%s", root ? root : "", path);
+}
+
+static void read_driver_version(char *version, size_t size) {
+    char path[PATH_MAX], line[512];
+    path_under_root(path, sizeof path, "/proc/driver/nvidia/version");
+    FILE *file = fopen(path, "r");
+    version[0] = '\0';
+    while (file && fgets(line, sizeof line, file)) {
+        if (strncmp(line, "NVRM", 4) != 0)
+            continue;
+        /* the first token of the form digits.digits[...] */
+        for (char *p = line; *p; p++) {
+            if (*p >= '0' && *p <= '9' && (p == line || p[-1] == ' ')) {
+                size_t n = strspn(p, "0123456789.");
+                if (memchr(p, '.', n) && n < size) {
+                    memcpy(version, p, n);
+                    version[n] = '\0';
+                    break;
+                }
+            }
+        }
+        break;
+    }
+    if (file)
+        fclose(file);
+}
+
+static void register_with_daemon(void) {
+    char path[PATH_MAX];
+    path_under_root(path, sizeof path, "/etc/vcuda/registrations");
+    FILE *file = fopen(path, "a");
+    if (file) {
+        fprintf(file, "pid %d\n", (int)getpid());
+        fclose(file);
+    }
+}
+
+/* NVML: the same file answers libnvidia-ml.so.1 in a vCUDA pod. */
+#define LAYER_NVML(X)                                                          \
+    X(nvmlInit)                                                                \
+    X(nvmlInit_v2)                                                             \
+    X(nvmlInitWithFlags)                                                       \
+    X(nvmlShutdown)                                                            \
+    X(nvmlErrorString)                                                         \
+    X(nvmlDeviceGetCount)                                                      \
+    X(nvmlDeviceGetCount_v2)                                                   \
+    X(nvmlDeviceGetHandleByIndex)                                              \
+    X(nvmlDeviceGetHandleByIndex_v2)                                           \
+    X(nvmlDeviceGetHandleByPciBusId_v2)                                        \
+    X(nvmlDeviceGetHandleByUUID)                                               \
+    X(nvmlDeviceGetName)                                                       \
+    X(nvmlDeviceGetCudaComputeCapability)                                      \
+    X(nvmlDeviceGetMemoryInfo)                                                 \
+    X(nvmlDeviceGetMemoryInfo_v2)                                              \
+    X(nvmlDeviceGetMigMode)                                                    \
+    X(nvmlDeviceGetVirtualizationMode)                                         \
+    X(nvmlDeviceGetUUID)                                                       \
+    X(nvmlDeviceGetIndex)                                                      \
+    X(nvmlDeviceGetMinorNumber)                                                \
+    X(nvmlDeviceGetPciInfo)                                                    \
+    X(nvmlDeviceGetPciInfo_v3)                                                 \
+    X(nvmlDeviceGetP2PStatus)                                                  \
+    X(nvmlDeviceGetNvLinkState)                                                \
+    X(nvmlDeviceGetTopologyCommonAncestor)                                     \
+    X(nvmlDeviceGetCpuAffinity)                                                \
+    X(nvmlDeviceGetNumaNodeId)                                                 \
+    X(nvmlDeviceGetArchitecture)                                               \
+    X(nvmlDeviceGetBrand)                                                      \
+    X(nvmlDeviceGetComputeRunningProcesses)                                    \
+    X(nvmlDeviceGetComputeRunningProcesses_v3)                                 \
+    X(nvmlDeviceIsMigDeviceHandle)                                             \
+    X(nvmlDeviceGetMaxMigDeviceCount)                                          \
+    X(nvmlSystemGetDriverVersion)                                              \
+    X(nvmlSystemGetCudaDriverVersion)                                          \
+    X(nvmlSystemGetCudaDriverVersion_v2)                                       \
+    X(nvmlSystemGetNVMLVersion)
+
+enum {
+#define N(n) NVML_##n,
+    LAYER_NVML(N)
+#undef N
+        N_NVML
+};
+static const char *const g_nvml_names[N_NVML] = {
+#define N(n) #n,
+    LAYER_NVML(N)
+#undef N
+};
+static void *g_nvml[N_NVML];
+
+static void layer_init(void) {
+    char config[PATH_MAX];
+    path_under_root(config, sizeof config, "/etc/vcuda/vcuda.config");
+    FILE *file = fopen(config, "r");
+    if (!file || fscanf(file, "%llu", &g_quota) != 1) {
+        fprintf(stderr, "standin vCUDA: can't get config file path\n");
+        exit(-1);
+    }
+    fclose(file);
+    register_with_daemon();
+
+    char version[64], name[128];
+    read_driver_version(version, sizeof version);
+    snprintf(name, sizeof name, "libcuda.so.%s", version);
+    void *driver = dlopen(name, RTLD_NOW | RTLD_NODELETE);
+    if (!driver) {
+        fprintf(stderr, "standin vCUDA: can't find library %s\n", name);
+        exit(-1);
+    }
+    Dl_info info;
+    if (dladdr(dlsym(driver, "cuInit"), &info) && info.dli_fname)
+        snprintf(g_real_path, sizeof g_real_path, "%s", info.dli_fname);
+    for (int k = 0; k < N_EPS; k++)
+        __atomic_store_n(&g_real[k], dlsym(driver, g_names[k]), __ATOMIC_RELEASE);
+
+    snprintf(name, sizeof name, "libnvidia-ml.so.%s", version);
+    void *nvml = dlopen(name, RTLD_NOW | RTLD_NODELETE);
+    for (int k = 0; nvml && k < N_NVML; k++)
+        g_nvml[k] = dlsym(nvml, g_nvml_names[k]);
+    if (g_nvml[NVML_nvmlInit_v2])
+        ((int (*)(void))g_nvml[NVML_nvmlInit_v2])();
+    ((CUresult(*)(unsigned))table_entry(IDX_cuInit))(0);
+}
+
+static void init_once(void) { pthread_once(&g_init_once, layer_init); }
+
+/* ---- plain forwarders ----------------------------------------------------- */
 
 #define FORWARD_GENERIC(n)                                                     \
     STANDIN_EXPORT CUresult n(STANDIN_GENERIC_PARAMS) {                        \
         bump(IDX_##n);                                                         \
-        standin_generic_fn f = (standin_generic_fn)g_real[IDX_##n];            \
-        if (!f)                                                                \
-            return CUDA_ERROR_STUB_LIBRARY;                                    \
-        return f(STANDIN_GENERIC_ARGS);                                        \
+        return ((standin_generic_fn)table_entry(IDX_##n))(STANDIN_GENERIC_ARGS); \
     }
 #define X(n, i, b) FORWARD_GENERIC(n)
-STANDIN_L_EPS(X)
-STANDIN_BASIC_EPS(X)
+STANDIN_GENERIC_EPS(X)
+STANDIN_ERROR_EPS(X)
 #undef X
+FORWARD_GENERIC(cuMemcpyAsync)
+FORWARD_GENERIC(cuMemcpyAsync_ptsz)
+FORWARD_GENERIC(cuStreamWaitValue32)
+FORWARD_GENERIC(cuGetExportTable)
+FORWARD_GENERIC(cuDeviceGetCount)
+
+/* NVML: the init entry points run the layer's init; the rest forward through its table. */
+#define NVML_FORWARD(n)                                                        \
+    STANDIN_EXPORT int n(STANDIN_GENERIC_PARAMS) {                             \
+        if (!g_nvml[NVML_##n]) {                                               \
+            fprintf(stderr, "standin vCUDA: %s called before the layer's init\n", #n); \
+            abort();                                                           \
+        }                                                                      \
+        return ((standin_generic_fn)g_nvml[NVML_##n])(STANDIN_GENERIC_ARGS);   \
+    }
+#define NVML_INIT(n)                                                           \
+    STANDIN_EXPORT int n(STANDIN_GENERIC_PARAMS) {                             \
+        init_once();                                                           \
+        return g_nvml[NVML_##n] ? ((standin_generic_fn)g_nvml[NVML_##n])(STANDIN_GENERIC_ARGS) : 9; \
+    }
+NVML_INIT(nvmlInit_v2)
+NVML_INIT(nvmlInitWithFlags)
+NVML_FORWARD(nvmlInit)
+NVML_FORWARD(nvmlShutdown)
+NVML_FORWARD(nvmlDeviceGetCount)
+NVML_FORWARD(nvmlDeviceGetCount_v2)
+NVML_FORWARD(nvmlDeviceGetHandleByIndex)
+NVML_FORWARD(nvmlDeviceGetHandleByIndex_v2)
+NVML_FORWARD(nvmlDeviceGetHandleByPciBusId_v2)
+NVML_FORWARD(nvmlDeviceGetHandleByUUID)
+NVML_FORWARD(nvmlDeviceGetName)
+NVML_FORWARD(nvmlDeviceGetCudaComputeCapability)
+NVML_FORWARD(nvmlDeviceGetMemoryInfo)
+NVML_FORWARD(nvmlDeviceGetMemoryInfo_v2)
+NVML_FORWARD(nvmlDeviceGetMigMode)
+NVML_FORWARD(nvmlDeviceGetVirtualizationMode)
+NVML_FORWARD(nvmlDeviceGetUUID)
+NVML_FORWARD(nvmlDeviceGetIndex)
+NVML_FORWARD(nvmlDeviceGetMinorNumber)
+NVML_FORWARD(nvmlDeviceGetPciInfo)
+NVML_FORWARD(nvmlDeviceGetPciInfo_v3)
+NVML_FORWARD(nvmlDeviceGetP2PStatus)
+NVML_FORWARD(nvmlDeviceGetNvLinkState)
+NVML_FORWARD(nvmlDeviceGetTopologyCommonAncestor)
+NVML_FORWARD(nvmlDeviceGetCpuAffinity)
+NVML_FORWARD(nvmlDeviceGetNumaNodeId)
+NVML_FORWARD(nvmlDeviceGetArchitecture)
+NVML_FORWARD(nvmlDeviceGetBrand)
+NVML_FORWARD(nvmlDeviceGetComputeRunningProcesses)
+NVML_FORWARD(nvmlDeviceGetComputeRunningProcesses_v3)
+NVML_FORWARD(nvmlDeviceIsMigDeviceHandle)
+NVML_FORWARD(nvmlDeviceGetMaxMigDeviceCount)
+NVML_FORWARD(nvmlSystemGetDriverVersion)
+NVML_FORWARD(nvmlSystemGetCudaDriverVersion)
+NVML_FORWARD(nvmlSystemGetCudaDriverVersion_v2)
+NVML_FORWARD(nvmlSystemGetNVMLVersion)
+
+STANDIN_EXPORT const char *nvmlErrorString(int result) {
+    (void)result;
+    return "standin vCUDA NVML error";
+}
+
+/* ---- hooks: init, memory quota, launches ------------------------------------ */
+
+STANDIN_EXPORT CUresult cuInit(unsigned int flags) {
+    bump(IDX_cuInit);
+    init_once();
+    return ((CUresult(*)(unsigned))table_entry(IDX_cuInit))(flags);
+}
+
+STANDIN_EXPORT CUresult cuDriverGetVersion(int *version) {
+    bump(IDX_cuDriverGetVersion);
+    init_once();
+    return ((CUresult(*)(int *))table_entry(IDX_cuDriverGetVersion))(version);
+}
+
+static CUresult metered_alloc(int idx, STANDIN_GENERIC_PARAMS) {
+    bump(idx);
+    unsigned long long size = (unsigned long long)(uintptr_t)a1;
+    standin_generic_fn real = (standin_generic_fn)table_entry(idx);
+    if (__atomic_load_n(&g_used, __ATOMIC_RELAXED) + size > g_quota)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult result = real(STANDIN_GENERIC_ARGS);
+    if (result == CUDA_SUCCESS)
+        __atomic_fetch_add(&g_used, size, __ATOMIC_RELAXED);
+    return result;
+}
+
+STANDIN_EXPORT CUresult cuMemAlloc_v2(STANDIN_GENERIC_PARAMS) {
+    return metered_alloc(IDX_cuMemAlloc_v2, STANDIN_GENERIC_ARGS);
+}
+
+/* vCUDA's legacy hook: the quota, then the driver's pre-3.2 cuMemAlloc. */
+STANDIN_EXPORT CUresult cuMemAlloc(STANDIN_GENERIC_PARAMS) {
+    return metered_alloc(IDX_cuMemAlloc, STANDIN_GENERIC_ARGS);
+}
+
+/* (size_t *free, size_t *total): the quota is the device, as the layer shows it. */
+static CUresult quota_info(int idx, STANDIN_GENERIC_PARAMS) {
+    bump(idx);
+    CUresult result = ((standin_generic_fn)table_entry(idx))(STANDIN_GENERIC_ARGS);
+    if (result == CUDA_SUCCESS && a0 && a1) {
+        *(unsigned long long *)a0 = g_quota - __atomic_load_n(&g_used, __ATOMIC_RELAXED);
+        *(unsigned long long *)a1 = g_quota;
+    }
+    return result;
+}
+
+STANDIN_EXPORT CUresult cuMemGetInfo_v2(STANDIN_GENERIC_PARAMS) {
+    return quota_info(IDX_cuMemGetInfo_v2, STANDIN_GENERIC_ARGS);
+}
+
+STANDIN_EXPORT CUresult cuMemGetInfo(STANDIN_GENERIC_PARAMS) {
+    return quota_info(IDX_cuMemGetInfo, STANDIN_GENERIC_ARGS);
+}
+
+static CUresult quota_total(int idx, STANDIN_GENERIC_PARAMS) {
+    bump(idx);
+    CUresult result = ((standin_generic_fn)table_entry(idx))(STANDIN_GENERIC_ARGS);
+    if (result == CUDA_SUCCESS && a0)
+        *(unsigned long long *)a0 = g_quota;
+    return result;
+}
+
+STANDIN_EXPORT CUresult cuDeviceTotalMem_v2(STANDIN_GENERIC_PARAMS) {
+    return quota_total(IDX_cuDeviceTotalMem_v2, STANDIN_GENERIC_ARGS);
+}
+
+STANDIN_EXPORT CUresult cuDeviceTotalMem(STANDIN_GENERIC_PARAMS) {
+    return quota_total(IDX_cuDeviceTotalMem, STANDIN_GENERIC_ARGS);
+}
+
+/* Launches: counted (the SM limiter's place), then forwarded. */
+FORWARD_GENERIC(cuLaunchKernel)
+FORWARD_GENERIC(cuLaunchKernel_ptsz)
+FORWARD_GENERIC(cuLaunchCooperativeKernel)
+FORWARD_GENERIC(cuLaunchCooperativeKernel_ptsz)
 
 #if defined(LAYER_FORK)
 FORWARD_GENERIC(cuLaunchKernelEx)
+FORWARD_GENERIC(cuLaunchKernelEx_ptsz)
 
 #define FORWARD_EXACT(n, type, params, args)                                   \
     STANDIN_EXPORT CUresult n(params) {                                        \
         bump(IDX_##n);                                                         \
-        type f = (type)g_real[IDX_##n];                                        \
-        if (!f)                                                                \
-            return CUDA_ERROR_STUB_LIBRARY;                                    \
-        return f(args);                                                        \
+        return ((type)table_entry(IDX_##n))(args);                             \
     }
-FORWARD_EXACT(cuTensorMapEncodeTiled, standin_tiled_fn, STANDIN_TILED_PARAMS,
-              STANDIN_TILED_ARGS)
-FORWARD_EXACT(cuTensorMapEncodeIm2col, standin_im2col_fn, STANDIN_IM2COL_PARAMS,
-              STANDIN_IM2COL_ARGS)
-FORWARD_EXACT(cuTensorMapEncodeIm2colWide, standin_im2col_wide_fn,
-              STANDIN_IM2COL_WIDE_PARAMS, STANDIN_IM2COL_WIDE_ARGS)
-FORWARD_EXACT(cuTensorMapReplaceAddress, standin_replace_fn,
-              STANDIN_REPLACE_PARAMS, STANDIN_REPLACE_ARGS)
-#endif /* LAYER_FORK */
+FORWARD_EXACT(cuTensorMapEncodeTiled, standin_tiled_fn, STANDIN_TILED_PARAMS, STANDIN_TILED_ARGS)
+FORWARD_EXACT(cuTensorMapEncodeIm2col, standin_im2col_fn, STANDIN_IM2COL_PARAMS, STANDIN_IM2COL_ARGS)
+FORWARD_EXACT(cuTensorMapEncodeIm2colWide, standin_im2col_wide_fn, STANDIN_IM2COL_WIDE_PARAMS,
+              STANDIN_IM2COL_WIDE_ARGS)
+FORWARD_EXACT(cuTensorMapReplaceAddress, standin_replace_fn, STANDIN_REPLACE_PARAMS, STANDIN_REPLACE_ARGS)
 
-#if defined(LAYER_NO_GPA)
-#define X(n, i, b) FORWARD_GENERIC(n)
-LAYER_EXTRA_EPS(X)
-#undef X
-#endif
+STANDIN_EXPORT CUresult cuGetProcAddress(const char *, void **, int, unsigned long long);
+STANDIN_EXPORT CUresult cuGetProcAddress_v2(const char *, void **, int, unsigned long long, int *);
 
-#endif /* !LAYER_STANDALONE */
-
-/* ---- cuGetProcAddress ---------------------------------------------------- */
-#if !defined(LAYER_NO_GPA)
-
-STANDIN_EXPORT CUresult cuGetProcAddress(const char *, void **, int,
-                                         unsigned long long);
-#if defined(LAYER_FORK) || defined(LAYER_GPA_V2)
-STANDIN_EXPORT CUresult cuGetProcAddress_v2(const char *, void **, int,
-                                            unsigned long long, int *);
-#endif
-
-static const struct {
-    const char *name;
-    void *fn;
-} g_own[N_EPS] = {
-#define X(n, i, b) {#n, (void *)n},
-    LAYER_EPS(X)
+static void *const g_own[N_EPS] = {
+#define X(n, i, b) (void *)n,
+    LAYER_ALL_EPS(X)
 #undef X
 };
 
-static void *lookup_own_exact(const char *symbol) {
-    for (int k = 0; k < N_EPS; k++)
-        if (strcmp(g_own[k].name, symbol) == 0)
-            return g_own[k].fn;
-    return NULL;
-}
-
-/* A base name gives the layer's own current version ("cuMemAlloc" -> cuMemAlloc_v2), like the driver. */
-static void *lookup_own(const char *symbol) {
-    void *fn = lookup_own_exact(symbol);
-    char versioned[128];
-    if (!fn && snprintf(versioned, sizeof(versioned), "%s_v2", symbol) < (int)sizeof(versioned))
-        fn = lookup_own_exact(versioned);
-    return fn;
-}
-
-/* Own (metered) function for exported names; what happens to the rest is the variant's. */
-STANDIN_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn,
-                                         int cudaVersion,
-                                         unsigned long long flags) {
-    bump(IDX_cuGetProcAddress);
-    if (!symbol || !pfn)
-        return CUDA_ERROR_INVALID_VALUE;
-    void *own = lookup_own(symbol);
-    if (own) {
-        *pfn = own;
-        return CUDA_SUCCESS;
-    }
-    *pfn = NULL;
-#if defined(LAYER_STANDALONE)
-    (void)cudaVersion, (void)flags;
-    return CUDA_SUCCESS;
-#elif defined(LAYER_NO_FORWARD)
-    (void)cudaVersion, (void)flags;
-    return CUDA_ERROR_NOT_FOUND;
-#else
-    standin_gpa_fn real = (standin_gpa_fn)g_real[IDX_cuGetProcAddress];
-    if (!real)
-        return CUDA_ERROR_NOT_FOUND;
-    return real(symbol, pfn, cudaVersion, flags);
-#endif
-}
-
-#if defined(LAYER_FORK) || defined(LAYER_GPA_V2)
-STANDIN_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn,
-                                            int cudaVersion,
-                                            unsigned long long flags,
-                                            int *symbolStatus) {
+/* The fork's look-up: its own export of the exact name, else the real driver's. */
+STANDIN_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
+                                            unsigned long long flags, int *symbolStatus) {
     bump(IDX_cuGetProcAddress_v2);
+    init_once();
     if (!symbol || !pfn)
         return CUDA_ERROR_INVALID_VALUE;
-    void *own = lookup_own(symbol);
-    if (own) {
-        *pfn = own;
+    int i = index_of(symbol);
+    if (i >= 0) {
+        *pfn = g_own[i];
         if (symbolStatus)
             *symbolStatus = CU_GET_PROC_ADDRESS_SUCCESS;
         return CUDA_SUCCESS;
     }
-    *pfn = NULL;
-    standin_gpa2_fn real = (standin_gpa2_fn)g_real[IDX_cuGetProcAddress_v2];
-    if (!real) {
-        if (symbolStatus)
-            *symbolStatus = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-        return CUDA_ERROR_NOT_FOUND;
-    }
-    return real(symbol, pfn, cudaVersion, flags, symbolStatus);
+    return ((standin_gpa2_fn)table_entry(IDX_cuGetProcAddress_v2))(symbol, pfn, cudaVersion, flags,
+                                                                   symbolStatus);
+}
+#endif /* LAYER_FORK */
+
+/* ---- the v1 look-up ------------------------------------------------------------ */
+
+#if defined(LAYER_VCUDA_V105)
+/* A plain forwarder through the table: the real driver's pointers, no hook, no init. */
+STANDIN_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion,
+                                         unsigned long long flags) {
+    bump(IDX_cuGetProcAddress);
+    return ((standin_gpa_fn)table_entry(IDX_cuGetProcAddress))(symbol, pfn, cudaVersion, flags);
+}
+#else
+/* vCUDA master's hooks list, by the name a caller asks for. */
+static const struct {
+    const char *name;
+    void *fn;
+} g_hooks[] = {
+    {"cuDriverGetVersion", (void *)cuDriverGetVersion},
+    {"cuInit", (void *)cuInit},
+    {"cuMemAlloc_v2", (void *)cuMemAlloc_v2},
+    {"cuMemAlloc", (void *)cuMemAlloc},
+    {"cuDeviceTotalMem_v2", (void *)cuDeviceTotalMem_v2},
+    {"cuDeviceTotalMem", (void *)cuDeviceTotalMem},
+    {"cuMemGetInfo_v2", (void *)cuMemGetInfo_v2},
+    {"cuMemGetInfo", (void *)cuMemGetInfo},
+    {"cuLaunchKernel_ptsz", (void *)cuLaunchKernel_ptsz},
+    {"cuLaunchKernel", (void *)cuLaunchKernel},
+    {"cuLaunchCooperativeKernel_ptsz", (void *)cuLaunchCooperativeKernel_ptsz},
+    {"cuLaunchCooperativeKernel", (void *)cuLaunchCooperativeKernel},
+};
+
+STANDIN_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion,
+                                         unsigned long long flags) {
+    bump(IDX_cuGetProcAddress);
+    init_once();
+    CUresult result =
+        ((standin_gpa_fn)table_entry(IDX_cuGetProcAddress))(symbol, pfn, cudaVersion, flags);
+    if (result == CUDA_SUCCESS && symbol)
+        for (size_t k = 0; k < sizeof g_hooks / sizeof g_hooks[0]; k++)
+            if (strcmp(symbol, g_hooks[k].name) == 0)
+                *pfn = g_hooks[k].fn;
+    return result;
 }
 #endif
 
-#endif /* !LAYER_NO_GPA */
-
-/* ---- finding the real driver, the way vCUDA does ------------------------ */
-
-#if !defined(LAYER_STANDALONE)
-/* libcuda.so.<digits>.<anything>, e.g. libcuda.so.550.142 (not libcuda.so.1). */
-static int is_driver_file(const struct dirent *e) {
-    static const char prefix[] = "libcuda.so.";
-    const char *p = e->d_name;
-    if (strncmp(p, prefix, sizeof(prefix) - 1) != 0)
-        return 0;
-    p += sizeof(prefix) - 1;
-    if (*p < '0' || *p > '9')
-        return 0;
-    while (*p >= '0' && *p <= '9')
-        p++;
-    return *p == '.';
-}
-
-__attribute__((constructor)) static void layer_init(void) {
-    Dl_info info;
-    /* A hidden function's address, so interposition cannot point elsewhere. */
-    if (!dladdr((void *)&layer_init, &info) || !info.dli_fname)
-        return;
-    char dir[PATH_MAX];
-    snprintf(dir, sizeof(dir), "%s", info.dli_fname);
-    char *slash = strrchr(dir, '/');
-    if (slash)
-        *slash = '\0';
-    else
-        snprintf(dir, sizeof(dir), ".");
-    const char *elsewhere = getenv("STANDIN_LAYER_DRIVER_DIR");
-    if (elsewhere && *elsewhere)
-        snprintf(dir, sizeof(dir), "%s", elsewhere);
-
-    struct dirent **entries = NULL;
-    int n = scandir(dir, &entries, is_driver_file, alphasort);
-    if (n < 0)
-        return;
-    void *handle = NULL;
-    for (int k = 0; k < n; k++) {
-        if (!handle) {
-            char path[PATH_MAX];
-            int len = snprintf(path, sizeof(path), "%s/%s", dir,
-                               entries[k]->d_name);
-            void *h = NULL;
-            if (len > 0 && (size_t)len < sizeof(path))
-                h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-            if (h && dlsym(h, "standin_is_layer")) {
-                dlclose(h); /* another layer, not a driver */
-            } else if (h) {
-                handle = h;
-                snprintf(g_real_path, sizeof(g_real_path), "%s", path);
-            }
-        }
-        free(entries[k]);
-    }
-    free(entries);
-    if (!handle)
-        return;
-    for (int k = 0; k < N_EPS; k++)
-        g_real[k] = dlsym(handle, g_names[k]);
-}
-#endif
+#endif /* a vCUDA build */

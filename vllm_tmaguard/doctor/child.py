@@ -5,7 +5,7 @@ process is inherited but the environment; JSON carries the parent's sys.path. Pr
 `TMAGUARD-DOCTOR <json>`; a layer may print its own lines, or hang, or exit, and the parent copes with each.
 
 Modes:
-- nvml: gpu.probe_gpus() (the guard's own NVML probe).
+- nvml: nvml.probe_with_nvml(): NVML through the pod's own libnvidia-ml.so.1 (--active only).
 - plain: cuda-python initialises CUDA through the pod's libcuda.so.1 and encodes a tensor map on a real
   allocation, as any CUDA program in the pod would.
 - guarded: the guard runs first (its real activate(): overlay or shims, routing), then
@@ -208,9 +208,9 @@ def cuda_python_check() -> dict[str, Any]:
 
 def run(mode: str, args: dict[str, Any]) -> dict[str, Any]:
     if mode == "nvml":
-        from vllm_tmaguard.gpu import probe_gpus
+        from vllm_tmaguard.nvml import probe_with_nvml
 
-        return dataclasses.asdict(probe_gpus())
+        return dataclasses.asdict(probe_with_nvml())
     out: dict[str, Any] = {"guard": None, "binding": None, "cuda_python": None, "error": None}
     try:
         if mode == "guarded":

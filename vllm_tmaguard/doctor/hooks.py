@@ -18,7 +18,7 @@ from ..libraries import SHIM_FILES, overlay_path, shim_path
 def _library_file(supply: Supply) -> str | None:
     """The file the guard loads for one supply (a shim, or the overlay variant for its groups)."""
     if supply.library == "overlay":
-        return overlay_path(supply.groups)
+        return overlay_path()
     return shim_path(supply.library) if supply.library in SHIM_FILES else None
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the Hopper machine, from the repository root: unpacks what prepare.sh made (whichever parts this call
 # carried), installs this package into the image's Python (its .pth hook and vLLM plugin entry points),
-# makes the model once. Idempotent: a warm machine keeps $E2E_STATE between calls.
+# makes the model once (E2E_MODEL=0: not). Idempotent: a warm machine keeps $E2E_STATE between calls.
 set -euo pipefail
 state=${E2E_STATE:-/tmp/e2e}
 py=$(command -v python3)
@@ -28,7 +28,7 @@ if [ -d .dev/e2e/part2 ] && [ ! -f "$(stamp part2)" ]; then
 fi
 "$py" -m pip install -q --no-index --no-deps --no-build-isolation --force-reinstall . > "$state/pip.log" 2>&1 ||
   { cat "$state/pip.log"; exit 1; }
-if [ ! -f "$state/model/config.json" ]; then
+if [ "${E2E_MODEL:-1}" = 1 ] && [ ! -f "$state/model/config.json" ]; then
   PYTHONPATH=$state/site "$py" bench/device/e2e/make_model.py "$state/model"
 fi
 ls "$state"
