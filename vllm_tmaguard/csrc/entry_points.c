@@ -108,6 +108,30 @@ __asm__(".text\n.hidden tmaguard_lazy_common\n.type tmaguard_lazy_common,%functi
 #endif
 ENTRY_LIST(TRAMPOLINE)
 
+/* The layer's init entry points: every other export of a vCUDA-like layer jumps through a table that only
+   these fill (a call before them is a call through NULL). */
+static int is_layer_init(const char *name) {
+    return strcmp(name, "cuInit") == 0 || strcmp(name, "cuDriverGetVersion") == 0;
+}
+
+/* Before anything else of the layer's is handed out or called: its init, through its cuDriverGetVersion
+   (which a real driver answers before cuInit too), unless the layer has already loaded its real driver.
+   Once per process. */
+static void ensure_layer_init(void) {
+    static int done;
+    if (__atomic_load_n(&done, __ATOMIC_ACQUIRE)) return;
+    if (tmaguard_real_driver() == NULL) {
+        CUresult (*driver_version)(int *) =
+            (CUresult(*)(int *))tmaguard_layer_symbol("cuDriverGetVersion");
+        int version = 0;
+        if (driver_version != NULL) {
+            CUresult result = driver_version(&version);
+            tmaguard_trace("ran the layer's init (its cuDriverGetVersion: %d, %d)", result, version);
+        }
+    }
+    __atomic_store_n(&done, 1, __ATOMIC_RELEASE);
+}
+
 /* The function `entry_names[index]` should run now, and where it comes from; NULL while it must wait for
    the layer to load its real driver. */
 static void *resolve(unsigned index, int *source) {
@@ -120,6 +144,7 @@ static void *resolve(unsigned index, int *source) {
     }
 #endif
     if ((fn = tmaguard_layer_symbol(name)) != NULL) {
+        if (!is_layer_init(name)) ensure_layer_init();
         *source = SOURCE_LAYER_SYMBOL;
         return fn;
     }

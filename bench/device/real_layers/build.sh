@@ -32,7 +32,7 @@ print(os.path.realpath(r(sys.argv[1], {}).path))" "$1"
   links=$state/layers/hami-link && mkdir -p "$links"
   ln -sf "$real_cuda" "$links/libcuda.so"; ln -sf "$real_nvml" "$links/libnvidia-ml.so"
   mkdir -p "$state/layers/hami/build"
-  (cd "$state/layers/hami/build" && CUDA_HOME=/usr/local/cuda cmake "$tp/hami-core" -DCMAKE_BUILD_TYPE=Release \
+  (cd "$state/layers/hami/build" && CUDA_HOME=/usr/local/cuda cmake "$tp/hami-core" -DCMAKE_BUILD_TYPE=Release -DCMAKE_POLICY_VERSION_MINIMUM=3.5 \
       -DCMAKE_C_FLAGS="-I$tp/nvml-include" -DCMAKE_SHARED_LINKER_FLAGS="-L$links" -DDLSYM_HOOK_ENABLE=1 \
       -DMULTIPROCESS_LIMIT_ENABLE=1 -DHOOK_MEMINFO_ENABLE=1 -DHOOK_NVML_ENABLE=1 > cmake.log &&
     make -j8 > make.log) || { tail -20 "$state/layers/hami/build/make.log"; exit 1; }

@@ -18,11 +18,12 @@ check() {  # pod step [--vllm] [NAME=VALUE ...]
   local pod=$1 step=$2; shift 2
   local flag=() vars=()
   for arg in "$@"; do [ "$arg" = --vllm ] && flag=(--vllm) || vars+=("$arg"); done
-  local log="$out/logs/$pod-$step${flag:+-vllm}.log"
+  local tag=""; [[ " ${vars[*]} " == *" TMAGUARD_MODE=off "* ]] && tag=-guard-off
+  local log="$out/logs/$pod-$step${flag:+-vllm}$tag.log"
   timeout 240 bash $here/pod.sh "$pod" "${vars[@]}" -- python3 $here/check.py "$step" "${flag[@]}" > "$log" 2>&1
   local code=$?
   local line; line=$(grep '^RESULT ' "$log" | tail -1 | cut -c8-)
-  [ -n "$line" ] || line="{\"step\": \"$step\", \"vllm\": ${flag:+true}${flag:-false}, \"ok\": false, \"exit\": $code, \"tail\": $(tail -5 "$log" | python3 -c 'import json,sys; print(json.dumps(sys.stdin.read()[-600:]))')}"
+  [ -n "$line" ] || line="{\"step\": \"$step\", \"vllm\": $([ ${#flag[@]} -gt 0 ] && echo true || echo false), \"ok\": false, \"exit\": $code, \"tail\": $(tail -5 "$log" | python3 -c 'import json,sys; print(json.dumps(sys.stdin.read()[-600:]))')}"
   echo "{\"pod\": \"$pod\", \"vars\": \"${vars[*]}\", \"result\": $line}" >> "$out/checks.jsonl"
   echo "$pod $step ${flag[*]} ${vars[*]}: exit $code $(echo "$line" | cut -c1-160)"
 }
