@@ -1,19 +1,25 @@
 #!/usr/bin/env bash
-# Inside pod.sh's private mount namespace: the pod's /etc, and /usr/local with the pod's additions over it
-# (an overlay; mounts below /usr/local, such as the driver's, are bound again on top), then the command.
-# usage: namespace.sh POD_DIR DRIVER_VERSION [made-up-proc] -- COMMAND ...
+# Inside pod.sh's private mount namespace: the pod's /etc, and each file the pod adds (SOURCE:TARGET) laid
+# over the nearest existing directory above TARGET (an overlay; mounts below that directory, such as the
+# driver's, are bound again on top), then the command.
+# usage: namespace.sh POD_DIR DRIVER_VERSION [made-up-proc] [SOURCE:TARGET ...] -- COMMAND ...
 set -euo pipefail
 dir=$1 version=$2; shift 2
 made_up=0; [ "$1" = made-up-proc ] && { made_up=1; shift; }
-shift  # --
 mount --bind "$dir/etc" /etc
-if [ -n "$(ls -A "$dir/up/usr-local")" ]; then
-  mkdir -p "$dir/save"
-  mount --rbind /usr/local "$dir/save"
-  below=$(awk '$5 ~ "^/usr/local/" {print $5}' /proc/self/mountinfo | sort -u)
-  mount -t overlay overlay -o "lowerdir=/usr/local,upperdir=$dir/up/usr-local,workdir=$dir/work" /usr/local
-  for target in $below; do mount --rbind "$dir/save${target#/usr/local}" "$target"; done
-fi
+n=0
+while [ "$1" != "--" ]; do
+  source=${1%%:*} target=${1#*:}; shift
+  at=$(dirname "$target"); while [ ! -d "$at" ]; do at=$(dirname "$at"); done
+  n=$((n + 1)); save=$dir/ns/save$n up=$dir/ns/up$n work=$dir/ns/work$n
+  mkdir -p "$save" "$up/$(dirname "${target#"$at"}")" "$work"
+  cp "$source" "$up/${target#"$at"}"
+  mount --rbind "$at" "$save"
+  below=$(awk -v at="$at/" 'index($5, at) == 1 {print $5}' /proc/self/mountinfo | sort -u)
+  mount -t overlay overlay -o "lowerdir=$at,upperdir=$up,workdir=$work" "$at"
+  for mounted in $below; do mount --rbind "$save${mounted#"$at"}" "$mounted"; done
+done
+shift  # --
 if [ $made_up = 1 ]; then
   mount -t tmpfs none /proc/driver && mkdir -p /proc/driver/nvidia
   echo "NVRM version: NVIDIA UNIX x86_64 Kernel Module  $version  (made up)" > /proc/driver/nvidia/version

@@ -29,7 +29,7 @@ real_cuda=${REAL_CUDA:-$(real libcuda.so.1)}
 real_nvml=${REAL_NVML:-$(real libnvidia-ml.so.1)}
 version=${DRIVER_VERSION:-$(grep -m1 NVRM /proc/driver/nvidia/version | grep -oE '\b[0-9]+\.[0-9]+(\.[0-9]+)*\b' | head -1)}
 if [ ! -d "$dir" ]; then
-  mkdir -p "$dir/lib" "$dir/up/usr-local" "$dir/work"
+  mkdir -p "$dir/lib"
   cp -a /etc "$dir/etc"   # the pod's own /etc (bind-mounted over /etc in its namespace)
   case $layer in
     vcuda-*)
@@ -37,18 +37,20 @@ if [ ! -d "$dir" ]; then
       for name in libcuda.so.1 libcuda.so libnvidia-ml.so.1 libnvidia-ml.so; do ln "$dir/lib/libcuda-control.so" "$dir/lib/$name"; done
       ln -s "$real_cuda" "$dir/lib/libcuda.so.$version"
       ln -s "$real_nvml" "$dir/lib/libnvidia-ml.so.$version"
-      mkdir -p "$dir/etc/vcuda" "$dir/up/usr-local/nvidia/bin"
+      mkdir -p "$dir/etc/vcuda"
       "$state/layers/vcuda_config" "$dir/etc/vcuda" "${QUOTA:-8589934592}" > /dev/null
-      [[ $pod == *+noconfig ]] && rm "$dir/etc/vcuda/vcuda.config"
-      cp "$state/layers/gpu-client" "$dir/up/usr-local/nvidia/bin/gpu-client"
+      if [[ $pod == *+noconfig ]]; then rm "$dir/etc/vcuda/vcuda.config"; fi
       ;;
     hami)
-      mkdir -p "$dir/up/usr-local/vgpu"
-      cp "$state/layers/hami/libvgpu.so" "$dir/up/usr-local/vgpu/"
       echo /usr/local/vgpu/libvgpu.so > "$dir/etc/ld.so.preload"
       ;;
   esac
 fi
+added=()  # files the device plugin puts in place, SOURCE:TARGET
+case $layer in
+  vcuda-*) added+=("$state/layers/gpu-client:/usr/local/nvidia/bin/gpu-client") ;;
+  hami) added+=("$state/layers/hami/libvgpu.so:/usr/local/vgpu/libvgpu.so") ;;
+esac
 vars=(PATH="$PATH" HOME=/root PYTHONUNBUFFERED=1 TMAGUARD_RECORD_DIR="${TMAGUARD_RECORD_DIR:-$state/records/$pod}")
 [ -n "${PYTHONPATH:-}" ] && vars+=(PYTHONPATH="$PYTHONPATH")
 case $layer in
@@ -61,4 +63,4 @@ if [[ $layer == vcuda-* ]]; then
   trap "kill $! 2>/dev/null" EXIT
 fi
 unshare -m --propagation private bash "$here/namespace.sh" "$dir" "$version" ${DRIVER_VERSION:+made-up-proc} \
-  -- env -i "${vars[@]}" "${extra[@]}" "$@"
+  "${added[@]}" -- env -i "${vars[@]}" "${extra[@]}" "$@"

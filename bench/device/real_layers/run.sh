@@ -31,7 +31,7 @@ check() {  # pod step [--vllm] [NAME=VALUE ...]
 pod_checks() {  # pod
   local pod=$1
   check "$pod" guard
-  for step in quota torch cublaslt triton; do check "$pod" "$step" TMAGUARD_TRACE=1 LOGGER_LEVEL=4; done
+  for step in quota torch cublaslt triton; do check "$pod" "$step" TMAGUARD_TRACE=1 LOGGER_LEVEL=4 LIBCUDA_LOG_LEVEL=4; done
   for step in quota torch cublaslt triton triton_tma machete; do check "$pod" "$step" --vllm LOGGER_LEVEL=4; done
 }
 for pod in bare vcuda-master vcuda-v1.0.5 hami; do pod_checks "$pod" > "$out/logs/summary-$pod.txt" 2>&1 & done
