@@ -38,13 +38,20 @@ CONCURRENCY = {
 ROUNDS = int(os.environ.get("E2E_ROUNDS", "1"))
 # Every pod's server runs at the same time on the one GPU, so that the benchmark can interleave them: a
 # fixed KV cache (skips vLLM's memory profiling, which other processes' allocations would disturb) and a
-# memory fraction that the servers' free-memory check at start-up leaves room for. ~7 GiB each.
+# memory fraction that the servers' free-memory check at start-up leaves room for. ~7 GiB each. A pod whose
+# layer shows the process its quota as the device (vCUDA) keeps vLLM's defaults: its KV cache is sized from
+# the quota.
 SHARED_GPU = ("--gpu-memory-utilization", "0.1", "--kv-cache-memory-bytes", str(4 << 30))
+QUOTA_SHOWN = ("real:vcuda-master", "real:vcuda-v1.0.5")
 MAX_TOKENS = 64
 
-# pod: (layer shape or None for the bare driver, extra environment, what it is)
+# pod: (layer shape or None for the bare driver, extra environment, what it is). "real:POD" is a real layer
+# built from its source, in its device plugin's layout (bench/device/real_layers/pod.sh).
 PODS = {
     "a": (None, {}, "bare: the real driver"),
+    "vm": ("real:vcuda-master", {}, "tkestack vCUDA master (8 GiB quota), guard installed, nothing set"),
+    "v105": ("real:vcuda-v1.0.5", {}, "tkestack vCUDA v1.0.5 (8 GiB quota), guard installed, nothing set"),
+    "hami": ("real:hami", {}, "HAMi-core (8 GiB limit), guard installed, nothing set"),
     "b": ("upstream", {"TMAGUARD_MODE": "off"}, "emulated upstream vCUDA, guard off"),
     "c": ("upstream", {}, "emulated upstream vCUDA, guard installed, nothing set"),
     "d": ("network", {"LUPINE_SERVER": "10.0.0.1:9999"}, "network layer: no real encoder reachable"),
@@ -58,9 +65,16 @@ def real_driver() -> str:
     return os.path.realpath(resolve_library("libcuda.so.1", {}).path or "")
 
 
+POD_SH = ROOT / "bench/device/real_layers/pod.sh"
+# What a real-layer pod's processes get (pod.sh starts them with `env -i`): the run's own settings.
+PASSED = ("PYTHONPATH", "PYTHONUNBUFFERED", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "VLLM_NO_USAGE_STATS",
+          "VLLM_USE_FLASHINFER_SAMPLER", "DO_NOT_TRACK", "TMAGUARD_RECORD_DIR", "VLLM_CACHE_ROOT",
+          "CUDA_CACHE_PATH", "CUDA_CACHE_MAXSIZE", "TMPDIR")
+
+
 def build_pod(name: str, shape: str | None) -> dict[str, str]:
     """The pod's extra environment: its libcuda.so.1 directory and file-system root, for layer pods."""
-    if shape is None:
+    if shape is None or shape.startswith("real:"):
         return {}
     pod = STATE / f"pod-{shape}"
     lib, root = pod / "lib", pod / "root"
@@ -153,7 +167,8 @@ def complete_prompts(port: int) -> list[dict]:
 
     client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", timeout=120)
     outputs = []
-    for prompt in json.loads((MODEL / "prompts.json").read_text()):
+    prompts = json.loads((MODEL / "prompts.json").read_text())
+    for prompt in prompts[: int(os.environ.get("E2E_PROMPT_COUNT", len(prompts)))]:
         response = client.completions.create(
             model="tiny",
             prompt=prompt,
@@ -238,8 +253,11 @@ class Server:
         }
         command = [
             PYTHON, "-m", "vllm.entrypoints.cli.main", "serve", str(MODEL), "--served-model-name", "tiny",
-            "--port", str(port), "--seed", "0", *SHARED_GPU,
+            "--port", str(port), "--seed", "0", *(() if shape in QUOTA_SHOWN else SHARED_GPU),
         ]  # fmt: skip
+        if shape and shape.startswith("real:"):
+            passed = [f"{k}={v}" for k, v in env.items() if k in PASSED or k in pod_env]
+            command = ["bash", str(POD_SH), shape.removeprefix("real:"), *passed, "--", *command]
         self.summary: dict = {"pod": name, "what": what, "shape": shape, "env": pod_env}
         self.summary["cores"] = sorted(cores) if cores else None
         self.summary["command"] = " ".join(command)
