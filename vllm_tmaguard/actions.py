@@ -1,37 +1,43 @@
 """The only code that changes the process: loads the overlay or the shim libraries, sets vLLM's routing
 knobs, keeps TMA-only extensions from importing. Idempotent (dlopen of a loaded library returns the same
 handle, the knobs merge with what is set), safe in every worker (spawned workers inherit the knobs and
-re-run this)."""
+re-run this). With apply=False (validate mode, `tmaguard check`) it changes nothing and returns the actions
+auto mode would take."""
 
 from __future__ import annotations
 
 import ctypes
 import os
 import sys
-from dataclasses import dataclass, replace
 
 from . import overlay, trust
-from .decision import Decision, Supply
-from .libraries import SHIM_FILES, shim_path
+from .catalogue import overlay_path, shim_path
+from .outcomes import (
+    BLOCK_IMPORT,
+    IMPORTED_EARLY,
+    LOAD_OVERLAY,
+    LOAD_SHIM,
+    OVERLAY_FAILED,
+    SET_ENV,
+    SHIM_FAILED,
+    Action,
+    Problem,
+)
+from .routing import Routing
+from .supply import Supply
+
+Outcome = tuple[tuple[Action, ...], tuple[Problem, ...]]
 
 
-@dataclass(frozen=True)
-class Outcome:
-    done: tuple[str, ...] = ()
-    failed: tuple[str, ...] = ()
-
-    def __add__(self, other: Outcome) -> Outcome:
-        return Outcome(self.done + other.done, self.failed + other.failed)
-
-
-def load_shim(library: str, real_driver: str | None) -> ctypes.CDLL:
+def load_shim(library: str) -> str:
     """Loads one shim into the global scope, ahead of libcuda.so.1 for every later look-up of its names.
-    Only from a trusted path (trust.py): UntrustedPath, an OSError, otherwise."""
+    Only from a trusted path (trust.py): UntrustedPath, an OSError, otherwise. Returns its path."""
     path = trust.trusted_file(shim_path(library))
-    return ctypes.CDLL(path, mode=os.RTLD_GLOBAL | os.RTLD_NOW)
+    ctypes.CDLL(path, mode=os.RTLD_GLOBAL | os.RTLD_NOW)
+    return path
 
 
-def load_overlay(supply: Supply, layer_path: str, real_driver: str | None, runtime_dir: str | None) -> str:
+def load_overlay(layer_path: str, runtime_dir: str | None) -> str:
     """Installs and loads the overlay; from then on dlopen("libcuda.so.1") gives it. Returns its path.
     `runtime_dir` None: kept in memory. Raises OverlayError if it did not become libcuda.so.1."""
     path = overlay.install(layer_path, runtime_dir)
@@ -55,53 +61,78 @@ def block_import(module: str) -> bool:
     return True
 
 
-def _supply(
-    supply: Supply, decision: Decision, runtime_dir: str | None, done: list[str], failed: list[str]
-) -> None:
-    if supply.library == "overlay":
-        try:
-            path = load_overlay(supply, decision.layer_path or "", decision.real_driver, runtime_dir)
-            done.append(f"loaded the overlay {path} ({', '.join(sorted(supply.groups))})")
-            return
-        except (OSError, AttributeError, overlay.OverlayError) as error:
-            failed.append(f"could not load the overlay: {error}; falling back to the shims")
-        for library in supply.fallback:
-            _supply(Supply(library, (), ""), decision, runtime_dir, done, failed)
-        return
+def _load_shim(library: str, apply: bool) -> Outcome:
+    if not apply:
+        return (Action(LOAD_SHIM, library, shim_path(library), applied=False),), ()
     try:
-        load_shim(supply.library, decision.real_driver)
-        done.append(f"loaded {SHIM_FILES[supply.library]}")
+        return (Action(LOAD_SHIM, library, load_shim(library)),), ()
     except (OSError, AttributeError) as error:
-        failed.append(f"could not load {shim_path(supply.library)}: {error}")
+        problem = Problem(
+            SHIM_FAILED,
+            cause=f"could not load {shim_path(library)}: {error}",
+            consequence="vLLM's extensions that need its entry points fail to import",
+            fix="reinstall vllm-tmaguard (its wheel carries the shims)",
+            subject=library,
+        )
+        return (), (problem,)
 
 
-def apply_supplies(decision: Decision, runtime_dir: str | None) -> Outcome:
+def _load_overlay(supply: Supply, layer_path: str, runtime_dir: str | None, apply: bool) -> Outcome:
+    if not apply:
+        return (Action(LOAD_OVERLAY, "overlay", overlay_path(), applied=False),), ()
+    try:
+        path = load_overlay(layer_path, runtime_dir)
+        return (Action(LOAD_OVERLAY, "overlay", path, in_memory=path.startswith("/proc/self/fd/")),), ()
+    except (OSError, AttributeError, overlay.OverlayError) as error:
+        failed = Problem(
+            OVERLAY_FAILED,
+            cause=f"could not load the overlay: {error}",
+            consequence="the CUDA runtime and Triton cannot reach what the layer lacks; the shims stand in",
+            fix="see `tmaguard doctor`; or install the overlay from the manifest (`tmaguard env`)",
+        )
+    actions: tuple[Action, ...] = ()
+    problems: tuple[Problem, ...] = (failed,)
+    for library in supply.fallback:
+        more_actions, more_problems = _load_shim(library, apply)
+        actions, problems = actions + more_actions, problems + more_problems
+    return actions, problems
+
+
+def apply_supply(
+    supplies: tuple[Supply, ...], layer_path: str, runtime_dir: str | None, apply: bool
+) -> Outcome:
     """Loads the overlay or the shims. Must run before anything loads libcuda.so.1, NVML included.
     `runtime_dir`: the guard's private directory for the overlay's file; None: keep it in memory."""
-    done: list[str] = []
-    failed: list[str] = []
-    real = decision.real_driver
-    problem = trust.path_problem(real) if real else None
-    if problem is not None:  # the shims dlopen it when the layer has not: only from a trusted path
-        failed.append(f"not forwarding to the real driver {real}: {problem}")
-        decision = replace(decision, real_driver=None)
-    for supply in decision.supplies:
-        _supply(supply, decision, runtime_dir, done, failed)
-    return Outcome(tuple(done), tuple(failed))
+    actions: tuple[Action, ...] = ()
+    problems: tuple[Problem, ...] = ()
+    for supply in supplies:
+        if supply.library == "overlay":
+            more = _load_overlay(supply, layer_path, runtime_dir, apply)
+        else:
+            more = _load_shim(supply.library, apply)
+        actions, problems = actions + more[0], problems + more[1]
+    return actions, problems
 
 
-def apply_routing(decision: Decision) -> Outcome:
+def apply_routing(routing: Routing, apply: bool) -> Outcome:
     """Sets vLLM's knobs and keeps TMA-only extensions from importing."""
-    done: list[str] = []
-    failed: list[str] = []
-    routing = decision.routing
-    if routing is not None:
-        for variable, value in routing.env.items():
+    actions = []
+    problems = []
+    for variable, value in routing.env.items():
+        if apply:
             os.environ[variable] = value
-            done.append(f"set {variable}={value}")
-        for module in routing.block_modules:
-            if block_import(module):
-                done.append(f"kept {module} from importing")
-            else:
-                failed.append(f"{module} was imported before the guard ran: it stays selectable")
-    return Outcome(tuple(done), tuple(failed))
+        actions.append(Action(SET_ENV, variable, value, applied=apply))
+    for module in routing.block_modules:
+        if not apply or block_import(module):
+            actions.append(Action(BLOCK_IMPORT, module, applied=apply))
+        else:
+            problems.append(
+                Problem(
+                    IMPORTED_EARLY,
+                    cause=f"{module} was imported before the guard ran",
+                    consequence="it stays selectable, and its TMA kernels crash without a real encoder",
+                    fix="let the guard run first: import vllm before anything imports the extension",
+                    subject=module,
+                )
+            )
+    return tuple(actions), tuple(problems)

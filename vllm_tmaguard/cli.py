@@ -20,22 +20,19 @@ app = typer.Typer(
 
 @app.command()
 def check(as_json: bool = typer.Option(False, "--json", help="print the record as JSON")) -> None:
-    """What the guard would find and do in a vLLM process started here (changes nothing)."""
-    from .actions import Outcome
-    from .decision import decide
-    from .facts import probe
-    from .record import build_record, render_text
+    """What the guard would find and do in a vLLM process started here (changes nothing, loads nothing,
+    calls nothing of the layer's)."""
+    from .preview import preview
+    from .record import level_of, render_line
 
     try:
         toggles = parse_toggles(os.environ)
     except ToggleError as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(2) from None
-    facts = probe(os.environ, toggles.root, "cli")
-    decision = decide(facts, toggles)
-    record = build_record(facts, decision, Outcome(), "validate", 0.0)
-    typer.echo(json.dumps(record, indent=1) if as_json else render_text(record))
-    raise typer.Exit(1 if decision.problem or decision.fatal or decision.level == "warning" else 0)
+    record = preview(os.environ, toggles, "cli")
+    typer.echo(json.dumps(record.to_json(), indent=1) if as_json else render_line(record))
+    raise typer.Exit(1 if level_of(record) == "warning" else 0)
 
 
 @app.command()

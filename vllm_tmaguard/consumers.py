@@ -17,11 +17,10 @@ import os
 import re
 from dataclasses import dataclass
 
+from .catalogue import DRIVER_LIBRARY, LAUNCH_EX, PROC_ADDRESS_V2
 from .elf import ElfError, read_elf
-from .vllm_probe import DRIVER_LIBRARY, VllmFacts, find_package_dir, find_package_dirs, scan_extension
+from .vllm_probe import VllmFacts, find_package_dir, find_package_dirs, scan_extension
 
-PROC_ADDRESS_V2 = "cuGetProcAddress_v2"
-LAUNCH_EX = "cuLaunchKernelEx"
 # triton/backends/nvidia/driver.c: defineGetFunctionHandle(getLaunchKernelExHandle, cuLaunchKernelEx);
 _TRITON_HANDLE_LOOKUP = re.compile(r"defineGetFunctionHandle\(\s*\w+\s*,\s*(cu[A-Z]\w*)\s*\)")
 _CUDART = re.compile(r"^libcudart(?:-[0-9a-f]+)?\.so\.(\d+)")

@@ -9,11 +9,9 @@ import importlib.machinery
 import os
 from collections.abc import Mapping
 
+from .catalogue import DRIVER_LIBRARY, OVERLAY_TRIGGERS
 from .elf import ElfError, read_elf
 from .loader import read_self_maps, resolve_library
-
-# What the guard supplies (decision.OVERLAY_GROUPS): a libcuda.so.1 lacking any of these needs it.
-SUPPLIED = ("cuTensorMapEncodeTiled", "cuGetProcAddress_v2", "cuLaunchKernelEx")
 
 
 def vllm_installed() -> bool:
@@ -26,14 +24,14 @@ def guard_needed_before(environ: Mapping[str, str]) -> bool:
     if environ.get("TMAGUARD_MODE", "").strip().lower() == "off":
         return False
     root = environ.get("TMAGUARD_ROOT") or "/"
-    resolution = resolve_library("libcuda.so.1", environ, root, read_self_maps())
+    resolution = resolve_library(DRIVER_LIBRARY, environ, root, read_self_maps())
     if resolution.path is None or resolution.how == "mapped":
         return False  # nothing to load a library in front of, or too late: the guard says so at vLLM's import
     try:
         exported = read_elf(resolution.path, prefixes=(b"cu",)).defined
     except ElfError:
         return False
-    return not all(name in exported for name in SUPPLIED)
+    return not all(name in exported for name in OVERLAY_TRIGGERS)
 
 
 def torch_first_needs_guard() -> bool:

@@ -5,9 +5,9 @@ put its directory first on LD_LIBRARY_PATH, so every process's dlopen("libcuda.s
 from __future__ import annotations
 
 import os
-import tempfile
 
-from .decision import OVERLAY_GROUPS, overlay_groups
+from .atomic import write_atomically
+from .catalogue import OVERLAY_TRIGGERS
 from .facts import Facts
 from .overlay import overlay_image
 
@@ -17,12 +17,8 @@ DEFAULT_INSTALL_DIR = "/opt/tmaguard"
 def install(image: bytes, directory: str) -> str:
     """Writes <directory>/libcuda.so.1 atomically (world-readable: every user of the container needs it)."""
     os.makedirs(directory, mode=0o755, exist_ok=True)
-    fd, temporary = tempfile.mkstemp(dir=directory, prefix=".libcuda.")
-    with os.fdopen(fd, "wb") as file:
-        file.write(image)
-    os.chmod(temporary, 0o555)
     path = os.path.join(directory, "libcuda.so.1")
-    os.replace(temporary, path)
+    write_atomically(path, image, 0o555)
     return path
 
 
@@ -39,28 +35,26 @@ def recipe(facts: Facts, environ: dict[str, str], install_dir: str | None) -> tu
             f"# libcuda.so.1 not found or unreadable ({driver.error or driver.resolution.how}): nothing the "
             "overlay can stand in front of"
         ], 1
-    groups = overlay_groups(facts)
-    if not groups:
+    lacking = [name for name in OVERLAY_TRIGGERS if name not in driver.info.defined]
+    if not lacking:
         return [f"# {driver.path} exports every entry point the overlay would add: nothing to do"], 0
-    names = ", ".join(OVERLAY_GROUPS[group][0] for group in sorted(groups))
-    layer = facts.layers[0].name if facts.layers else "libcuda.so.1"
+    layer = facts.layers[0].label if facts.layers else "libcuda.so.1"
     directory = install_dir or DEFAULT_INSTALL_DIR
-    library_path = ":".join([directory, *[p for p in environ.get("LD_LIBRARY_PATH", "").split(":") if p]])
+    others = [p for p in environ.get("LD_LIBRARY_PATH", "").split(":") if p and p != directory]
+    library_path = ":".join([directory, *others])
     lines = [
-        f"# {layer}: {driver.path} lacks {names}.",
-        "# The overlay is a libcuda.so.1 that loads that file and adds only these entry points; the layer",
-        "# keeps metering every other driver call. Every process must find it first on its library path.",
+        f"# {layer}: {driver.path} lacks {', '.join(lacking)} (and the rest of CUDA 12's entry points).",
+        "# The overlay is a libcuda.so.1 that loads that file and adds only what it lacks; the layer keeps",
+        "# metering every call it knows. Every process must find it first on its library path.",
     ]
     if install_dir:
         lines.append(f"# installed {install(overlay_image(driver.path), install_dir)}")
     else:
         lines += [
-            "# 1. once per container, before vLLM starts (an init container sharing the volume, or the",
-            "#    container's entrypoint; not the image build: the layer's file is mounted at run time):",
+            "# 1. in the vLLM container itself, before vLLM starts (its command: an init container does not",
+            "#    see the layer's file, mounted by the device plugin into the container requesting the GPU):",
             f"tmaguard env --install-dir {directory}",
+            "# 2. in that container's environment (Kubernetes: env: [{name: LD_LIBRARY_PATH, value: ...}]):",
         ]
-        lines.append(
-            "# 2. in the container's environment (Kubernetes: env: [{name: LD_LIBRARY_PATH, value: ...}]):"
-        )
     lines.append(f"export LD_LIBRARY_PATH={library_path}")
     return lines, 0

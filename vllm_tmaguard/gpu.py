@@ -124,12 +124,17 @@ def _read(path: str) -> str | None:
         return None
 
 
+def read_driver_version(root: str = "/") -> str | None:
+    """The running NVIDIA kernel module's version; None without one."""
+    text = _read(under_root(root, f"{_PROC}/version"))
+    return None if text is None else parse_driver_version(text)
+
+
 def probe_gpus(root: str = "/") -> GpuFacts:
     """The pod's GPUs from the kernel module's files (the steps in this module's docstring)."""
-    version_text = _read(under_root(root, f"{_PROC}/version"))
-    if version_text is None:
+    if _read(under_root(root, f"{_PROC}/version")) is None:
         return GpuFacts(error=f"no NVIDIA kernel module ({_PROC}/version is missing)")
-    driver = parse_driver_version(version_text)
+    driver = read_driver_version(root)
     gpus_dir = under_root(root, f"{_PROC}/gpus")
     try:
         bus_ids = sorted(os.listdir(gpus_dir))

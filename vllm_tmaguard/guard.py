@@ -1,5 +1,10 @@
-"""One activation per process: facts -> decision -> actions -> one record. Fails open: on its own error
-the guard logs one line and gets out of the way, unless strict mode asks it to stop start-up."""
+"""One activation per process, a straight script over the stages (docs/design.md §4):
+
+  toggles -> record directory -> file facts -> plan what to supply -> supply -> GPUs -> plan routing ->
+  route -> record
+
+Each stage but the two that act is a pure function of what came before. Fails open: on its own error the
+guard logs one line and gets out of the way, unless strict mode asks it to stop start-up."""
 
 from __future__ import annotations
 
@@ -7,15 +12,26 @@ import errno
 import os
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
-from .actions import Outcome, apply_routing, apply_supplies
-from .decision import decide
+from .actions import apply_routing, apply_supply
 from .facts import Facts, probe
 from .gpu import probe_gpus
-from .record import build_record, emit, log_line, process_record_path, write_record
-from .toggles import ToggleError, parse_toggles, strict_requested
-from .trust import private_dir, probe_root_problem, redact
+from .outcomes import EXTENSION_UNREADABLE, ROOT_REFUSED, ROUTING_IMPOSSIBLE, Problem
+from .record import Record, assemble, emit, log_line
+from .routing import plan_routing
+from .store import open_record_dir, process_record_path, write_record
+from .supply import plan_supply
+from .toggles import read_toggles
+from .trust import probe_root_problem
+
+_MISSING = os.strerror(errno.ENOENT)  # elf.ElfError's reason for a file that is not there
+_lock = threading.Lock()
+_activated = False
+_record: Record | None = None
+_record_dir: str | None = None  # where the first activation wrote its record
+_log_format = "text"
 
 
 class GuardStop(SystemExit):
@@ -26,14 +42,6 @@ class GuardStop(SystemExit):
         super().__init__(f"vllm-tmaguard (TMAGUARD_STRICT=1) stopped start-up: {cause}. Fix: {fix}")
 
 
-_MISSING = os.strerror(errno.ENOENT)  # elf.ElfError's reason for a file that is not there
-_lock = threading.Lock()
-_activated = False
-_record: dict[str, Any] | None = None
-_record_dir: str | None = None  # where the first activation wrote its record
-_log_format = "text"
-
-
 def activate(trigger: str) -> dict[str, Any] | None:
     """Runs the guard once per process; later calls (plugin after import hook, workers' second call) return
     the first call's record. A forked child (vLLM's EngineCore and workers under the fork start method)
@@ -41,78 +49,81 @@ def activate(trigger: str) -> dict[str, Any] | None:
     global _activated, _record
     with _lock:
         if _activated:
-            if _record is not None and _record["pid"] != os.getpid():
+            if _record is not None and _record.pid != os.getpid():
                 _record = _inherited(_record, trigger)
-            return _record
-        _activated = True
-        _record = _run(trigger)
-        return _record
+        else:
+            _activated = True
+            _record = _run(trigger)
+        return None if _record is None else _record.to_json()
 
 
-def _inherited(parent: dict[str, Any], trigger: str) -> dict[str, Any]:
-    """The record of a forked child: the parent's findings and actions, which it inherited, under its own
-    pid. Written and logged like a first activation's; fails open."""
-    record = {
-        **parent,
-        "pid": os.getpid(),
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "trigger": f"{trigger} (forked from pid {parent['pid']}: inherits its libraries and knobs)",
-        "forked_from": parent["pid"],
-        "elapsed_ms": 0.0,
-    }
+def _inherited(parent: Record, trigger: str) -> Record:
+    record = parent.forked(trigger)
     try:
         if _record_dir is not None:
-            record["record_file"] = process_record_path(_record_dir, record["pid"])
-            write_record(record, _record_dir)
-        emit(record, "warning" if record["failed"] else "info", _log_format)
+            record = _written(record, _record_dir)
+        emit(record, _log_format)
     except Exception as error:  # the guard must never make start-up worse
         log_line("warning", f"tmaguard: internal error recording a forked process: {error}")
     return record
 
 
-def _run(trigger: str) -> dict[str, Any] | None:
+class _Clock:
+    """Milliseconds per stage, for the record."""
+
+    def __init__(self) -> None:
+        self.times: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.times[stage] = round((now - self._last) * 1e3, 3)
+        self._last = now
+
+
+def _run(trigger: str) -> Record | None:
     global _record_dir, _log_format
-    started = time.perf_counter()
+    clock = _Clock()
     environ = os.environ
-    try:
-        toggles = parse_toggles(environ)
-    except ToggleError as error:
-        log_line("error", f"tmaguard: {error}; the guard does nothing in this process")
-        if strict_requested(environ):
-            raise GuardStop(str(error), f"set {error.name} to one of: {error.allowed}") from None
-        return None
+    toggles, toggle_problems = read_toggles(environ)
     if toggles.mode == "off":
         log_line("debug", "tmaguard: TMAGUARD_MODE=off, doing nothing")
         return None
     try:
-        # The overlay's file, the scan cache and last.json go only to a directory that is ours alone.
-        runtime_dir, dir_problem = private_dir(toggles.record_dir)
-        faults = [] if dir_problem is None else [f"TMAGUARD_RECORD_DIR unusable: {dir_problem}"]
-        # Passive only: the GPUs from the kernel module's files, never NVML (in a vCUDA pod NVML is the layer).
-        facts = probe(environ, toggles.root, trigger, gpu=probe_gpus(toggles.root), cache_dir=runtime_dir)
-        decision = decide(facts, toggles)
-        outcome = Outcome()
-        if toggles.mode == "auto":
-            refused = probe_root_problem(toggles.root, facts.driver.resolution.how, facts.driver.path)
-            if refused is None:
-                outcome = apply_supplies(decision, runtime_dir)
-            else:
-                faults.append(refused)
-        if decision.apply:
-            outcome += apply_routing(decision)
-        if decision.level != "debug":  # no GPU and no libcuda.so.1: nothing the faults could matter to
-            outcome += Outcome(failed=(*faults, *_probe_faults(facts)))
-        record = build_record(facts, decision, outcome, toggles.mode, (time.perf_counter() - started) * 1e3)
-        if runtime_dir is not None:
-            record["record_file"] = process_record_path(runtime_dir, record["pid"])
-        written = runtime_dir is None or write_record(record, runtime_dir) is not None
-        if not written and decision.level != "debug":
-            note = redact(f"could not write the record to {runtime_dir}")
-            record["failed"].append(note)
-            outcome += Outcome(failed=(note,))
-        level = "warning" if outcome.failed else decision.level
-        _record_dir, _log_format = (runtime_dir if written else None), toggles.log_format
-        emit(record, level, toggles.log_format)
+        apply = toggles.mode == "auto"
+        records = open_record_dir(toggles.record_dir)
+        clock.lap("toggles")
+        facts = probe(environ, toggles.root, trigger, cache_dir=records.path)
+        clock.lap("facts")
+        plan = plan_supply(facts, toggles)
+        refused = probe_root_problem(toggles.root, facts.driver.resolution.how, facts.driver.path)
+        supplies = plan.supplies if refused is None else ()
+        supplied, supply_problems = apply_supply(supplies, facts.driver.path or "", records.path, apply)
+        clock.lap("supply")
+        gpus = probe_gpus(toggles.root)
+        clock.lap("gpus")
+        route = None
+        if plan.status in ("complete", "lacking"):
+            route = plan_routing(
+                gpus.capabilities(), gpus.cuda_driver_version, (plan.encoder.reachable, plan.encoder.reason),
+                plan.launch_ex, facts.vllm.version, facts.kernels_listed, toggles.gemm, facts.environ,
+            )  # fmt: skip
+        routed, routing_problems = apply_routing(route.routing, apply) if route else ((), ())
+        clock.lap("routing")
+        problems = (
+            *plan.problems, *_root_problem(refused), *supply_problems, *routing_problems,
+            *(route.problems if route else ()), *_probe_problems(facts), *toggle_problems,
+            *([records.problem()] if records.refused else []),
+        )  # fmt: skip
+        record = assemble(
+            trigger, toggles.mode, facts, gpus, plan, route, supplied + routed, problems, clock.times
+        )
+        if records.path is not None:
+            record = _written(record, records.path)
+        clock.lap("record")
+        _record_dir = records.path if record.record_file else None
+        _log_format = toggles.log_format
+        emit(record, toggles.log_format)
     except Exception as error:  # the guard must never make start-up worse
         log_line(
             "warning", f"tmaguard: internal error, leaving vLLM as it is: {type(error).__name__}: {error}"
@@ -122,27 +133,51 @@ def _run(trigger: str) -> dict[str, Any] | None:
                 f"internal error {type(error).__name__}: {error}", "report it, or set TMAGUARD_MODE=off"
             ) from error
         return None
-    if decision.fatal:
-        raise GuardStop(
-            decision.fatal, "set TMAGUARD_GEMM=auto (or portable) to let the guard route around it"
-        )
-    if toggles.strict and (decision.problem or outcome.failed):
-        raise GuardStop(
-            decision.problem or "; ".join(outcome.failed),
-            "see `tmaguard doctor`; or set TMAGUARD_STRICT=0 to start with the problem logged",
-        )
+    _stop_if_asked(record, toggles.strict)
     return record
 
 
-def _probe_faults(facts: Facts) -> list[str]:
-    """What the probes could not find out, each a cause strict mode stops on. An extension file the wheel
-    lists but the image lacks is none: nothing can load it, so it needs nothing (the doctor lists them)."""
-    faults = []
-    if facts.gpu.error and facts.driver.info is not None:
-        faults.append(f"{facts.gpu.error}: the GPUs are unknown, so no kernel is routed for them")
-    faults += [
-        f"cannot read {e.path}: {e.error}; what {e.module} needs from libcuda.so.1 is unknown"
+def _written(record: Record, directory: str) -> Record:
+    """The record with its file, or with the problem that it could not be written."""
+    path = process_record_path(directory, record.pid)
+    with_file = replace(record, record_file=path)
+    problem = write_record(with_file.to_json(), directory, record.pid)
+    return with_file if problem is None else replace(record, problems=(*record.problems, problem))
+
+
+def _stop_if_asked(record: Record, strict: bool) -> None:
+    """Strict mode stops on any problem; an impossible routing demand stops start-up in any mode."""
+    impossible = next((p for p in record.problems if p.code == ROUTING_IMPOSSIBLE), None)
+    first = impossible or (record.problems[0] if strict and record.problems else None)
+    if first is not None:
+        raise GuardStop(first.cause, first.fix)
+
+
+def _root_problem(refused: str | None) -> tuple[Problem, ...]:
+    if refused is None:
+        return ()
+    return (
+        Problem(
+            ROOT_REFUSED,
+            cause=refused,
+            consequence="nothing is loaded: vLLM's extensions fail as without the guard",
+            fix="unset TMAGUARD_ROOT (it is for tests and for inspecting a pod's files from outside)",
+            subject="TMAGUARD_ROOT",
+        ),
+    )
+
+
+def _probe_problems(facts: Facts) -> tuple[Problem, ...]:
+    """Extension files that could not be read. One the wheel lists but the image lacks is none: nothing can
+    load it, so it needs nothing (the doctor lists them)."""
+    return tuple(
+        Problem(
+            EXTENSION_UNREADABLE,
+            cause=f"cannot read {e.path}: {e.error}",
+            consequence=f"what {e.module} needs from libcuda.so.1 is unknown, so nothing is supplied for it",
+            fix="reinstall vLLM (pip install --force-reinstall vllm)",
+            subject=e.path,
+        )
         for e in facts.vllm.extensions
         if e.error and e.error != _MISSING
-    ]
-    return faults
+    )

@@ -1,6 +1,9 @@
-"""Sharing-layer fingerprints (docs/design.md §2.9, §2.10): cheap, passive evidence only. Never calls into
-the layer (its cuInit/nvmlInit may fork a helper or exit; some override dlsym), reads files, env and ELF
-tables."""
+"""Sharing-layer fingerprints (docs/design.md §2.9, §2.10): cheap, passive evidence only. Never calls into the
+layer (its cuInit/nvmlInit may fork a helper or exit; some override dlsym): reads files, the environment
+and ELF tables. A layer is named only on evidence from the library that answers libcuda.so.1 (its SONAME,
+its exports) or from what the loader preloads; files and variables alone are not enough (a bare driver in
+an image that once had /etc/vcuda is no vCUDA pod). A libcuda.so.1 that lacks what every real driver of its
+era exports, with no layer named, is an unrecognized layer."""
 
 from __future__ import annotations
 
@@ -8,22 +11,31 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from .catalogue import ENCODERS, OVERLAY_TRIGGERS, PROC_ADDRESS_V2
 from .elf import ElfInfo
 from .loader import under_root
 
-ENCODERS = (
-    "cuTensorMapEncodeTiled",
-    "cuTensorMapEncodeIm2col",
-    "cuTensorMapEncodeIm2colWide",
-    "cuTensorMapReplaceAddress",
-)
+# Layer names, with what an operator reads in the log line.
+LABELS = {
+    "vcuda": "tkestack vCUDA",
+    "vcuda-fork": "a vCUDA fork (exports the CUDA 12 entry points)",
+    "hami": "HAMi-core",
+    "lupine": "lupine (GPU over the network)",
+    "cgpu": "Alibaba cGPU",
+    "mps": "NVIDIA MPS",
+    "unrecognized": "an unrecognized GPU-sharing layer",
+}
 
 
 @dataclass(frozen=True)
 class Layer:
-    name: str  # vcuda, vcuda-fork, hami, lupine, cgpu, mps
+    name: str  # a key of LABELS
     evidence: tuple[str, ...]
     forwards_to_local_driver: bool = True  # False: no local real driver to forward to (network GPU)
+
+    @property
+    def label(self) -> str:
+        return LABELS[self.name]
 
 
 @dataclass(frozen=True)
@@ -33,16 +45,10 @@ class PodEvidence:
     existing_paths: frozenset[str]  # which of FINGERPRINT_PATHS exist (paths as inside the pod)
     preload: tuple[str, ...]  # LD_PRELOAD entries and /etc/ld.so.preload lines
     environ: Mapping[str, str]
-    libcuda: ElfInfo | None
+    libcuda: ElfInfo | None  # the library answering libcuda.so.1 (behind the overlay: the layer's file)
 
 
-FINGERPRINT_PATHS = (
-    "/etc/vcuda",
-    "/etc/vcuda/vcuda.sock",
-    "/usr/local/nvidia/bin/gpu-client",
-    "/usr/local/vgpu",
-    "/usr/local/vgpu/libvgpu.so",
-)
+FINGERPRINT_PATHS = ("/etc/vcuda", "/usr/local/nvidia/bin/gpu-client", "/usr/local/vgpu")
 
 
 def gather_evidence(root: str, environ: Mapping[str, str], libcuda: ElfInfo | None) -> PodEvidence:
@@ -60,36 +66,50 @@ def _env_matches(environ: Mapping[str, str], prefixes: tuple[str, ...]) -> list[
     return sorted(f"env {k}" for k in environ if k.startswith(prefixes))
 
 
-def detect_layers(evidence: PodEvidence) -> tuple[Layer, ...]:
-    """Every layer with evidence, the one that owns libcuda.so.1 first."""
-    layers = []
+def _vcuda(evidence: PodEvidence) -> Layer | None:
     libcuda = evidence.libcuda
-    vcuda = [
-        f"{p} exists"
-        for p in ("/etc/vcuda", "/usr/local/nvidia/bin/gpu-client")
-        if p in evidence.existing_paths
-    ]
-    if libcuda is not None:
-        if libcuda.soname == "libcuda-control.so":
-            vcuda.append(f"{os.path.basename(libcuda.path)} has SONAME libcuda-control.so")
-        if "g_vcuda_config" in libcuda.defined:
-            vcuda.append("libcuda.so.1 exports g_vcuda_config")
-    if vcuda:
-        fork = libcuda is not None and {"cuGetProcAddress_v2", *ENCODERS} <= libcuda.defined
-        layers.append(Layer("vcuda-fork" if fork else "vcuda", tuple(vcuda)))
+    if libcuda is None:
+        return None
+    own = []
+    if libcuda.soname == "libcuda-control.so":
+        own.append(f"{os.path.basename(libcuda.path)} has SONAME libcuda-control.so")
+    if "g_vcuda_config" in libcuda.defined:
+        own.append("libcuda.so.1 exports g_vcuda_config")
+    if not own:
+        return None
+    files = [f"{p} exists" for p in FINGERPRINT_PATHS[:2] if p in evidence.existing_paths]
+    fork = {PROC_ADDRESS_V2, *ENCODERS} <= libcuda.defined
+    return Layer("vcuda-fork" if fork else "vcuda", (*own, *files))
 
-    hami = [f"preloads {p}" for p in evidence.preload if os.path.basename(p) == "libvgpu.so"]
-    hami += [f"{p} exists" for p in ("/usr/local/vgpu",) if p in evidence.existing_paths]
-    hami += _env_matches(evidence.environ, ("CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT"))
-    if hami:
-        layers.append(Layer("hami", tuple(hami)))
 
+def _hami(evidence: PodEvidence) -> Layer | None:
+    preloads = [f"preloads {p}" for p in evidence.preload if os.path.basename(p) == "libvgpu.so"]
+    limits = _env_matches(evidence.environ, ("CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT"))
+    files = ["/usr/local/vgpu exists"] if "/usr/local/vgpu" in evidence.existing_paths else []
+    # HAMi-core works only when preloaded; its limits and mount without the preload are a pod that HAMi's
+    # webhook prepared but whose preload did not take.
+    return Layer("hami", (*preloads, *limits, *files)) if preloads else None
+
+
+def detect_layers(evidence: PodEvidence, cuda_driver_version: int | None = None) -> tuple[Layer, ...]:
+    """Every layer with enough evidence, the one that owns libcuda.so.1 first. `cuda_driver_version`: what
+    the running kernel module supports; a libcuda.so.1 lacking CUDA 12's entry points under a module older
+    than CUDA 12 is that old driver, not a layer."""
+    layers = [layer for layer in (_vcuda(evidence), _hami(evidence)) if layer is not None]
     if "LUPINE_SERVER" in evidence.environ:
         layers.append(Layer("lupine", ("env LUPINE_SERVER",), forwards_to_local_driver=False))
-    cgpu = _env_matches(evidence.environ, ("ALIYUN_COM_GPU_MEM_",))
-    if cgpu:
+    if cgpu := _env_matches(evidence.environ, ("ALIYUN_COM_GPU_MEM_",)):
         layers.append(Layer("cgpu", tuple(cgpu)))
-    mps = _env_matches(evidence.environ, ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"))
-    if mps:
+    if mps := _env_matches(
+        evidence.environ, ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+    ):
         layers.append(Layer("mps", tuple(mps)))
+    libcuda = evidence.libcuda
+    owns_libcuda = any(layer.name in ("vcuda", "vcuda-fork", "lupine") for layer in layers)
+    old_driver = cuda_driver_version is not None and cuda_driver_version < 12000
+    if libcuda is not None and not owns_libcuda and not old_driver:
+        lacking = [name for name in OVERLAY_TRIGGERS if name not in libcuda.defined]
+        if lacking or libcuda.soname not in (None, "libcuda.so.1"):
+            why = f"lacks {', '.join(lacking)}" if lacking else f"has SONAME {libcuda.soname}"
+            layers.insert(0, Layer("unrecognized", (f"{os.path.basename(libcuda.path)} {why}",)))
     return tuple(layers)

@@ -1,15 +1,30 @@
 """Which file answers dlopen("libcuda.so.1") in this process, worked out the way glibc's loader does it,
-without loading anything: an object already mapped, else LD_LIBRARY_PATH, /etc/ld.so.cache, the default
-directories. Fixed system paths are read under a root prefix (TMAGUARD_ROOT); paths that come from the
-environment (LD_LIBRARY_PATH) and /proc are taken as they are."""
+without loading anything, and where the real driver behind a sharing layer is. Fixed system paths are read
+under a root prefix (TMAGUARD_ROOT); paths that come from the environment (LD_LIBRARY_PATH) and /proc are
+taken as they are.
+
+The loader's search order for a bare library name (search_order):
+  1. an object already mapped into the process under that name (resolve_library)
+  2. LD_LIBRARY_PATH, in order
+  3. /etc/ld.so.cache
+  4. the default directories
+
+The real driver's search order behind a layer (real_driver_search):
+  1. beside the layer (vCUDA keeps libcuda.so.<version> there and opens it by that name)
+  2. LD_LIBRARY_PATH
+  3. the directories ld.so.cache names for libcuda.so.1
+  4. the usual driver directories (DRIVER_DIRS)
+  Within a directory: the version of the running kernel module first, then the newest."""
 
 from __future__ import annotations
 
 import os
+import re
 import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from .catalogue import DRIVER_LIBRARY, ENCODERS, MARKER
 from .elf import ElfError, ElfInfo, native_machine, read_elf
 
 _NEW_CACHE_MAGIC = b"glibc-ld.so.cache1.1"
@@ -221,3 +236,70 @@ def _loaded_objects_as_maps() -> str | None:
         return None
     paths = [os.fsdecode(name) for name in names if name.startswith(b"/")]
     return "".join(f"0-0 r--p 00000000 00:00 0 {path}\n" for path in paths)
+
+
+# Where NVIDIA's container toolkit and distributions put the driver (read under TMAGUARD_ROOT).
+DRIVER_DIRS = (
+    "/usr/local/nvidia/lib64",
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu",
+    "/usr/lib64",
+    "/lib64",
+    "/usr/lib/wsl/lib",
+)
+_DRIVER_FILE = re.compile(r"^libcuda\.so\.(\d+(?:\.\d+)+)$")
+
+
+def real_driver_search(layer_path: str, environ: Mapping[str, str], root: str) -> list[tuple[str, str]]:
+    """(directory, step) in the order this module's docstring gives, each directory once."""
+    steps = [
+        (os.path.dirname(layer_path), "beside the layer"),
+        (os.path.dirname(os.path.realpath(layer_path)), "beside the layer"),
+        *(
+            (d, "LD_LIBRARY_PATH")
+            for d in split_library_path(environ.get("LD_LIBRARY_PATH", ""), os.getcwd())
+        ),
+        *(
+            (os.path.dirname(path), "ld.so.cache")
+            for path, how in search_order(DRIVER_LIBRARY, {}, root, "/", os.uname().machine)
+            if how == "ld.so.cache"
+        ),
+        *((under_root(root, d), "driver directories") for d in DRIVER_DIRS),
+    ]
+    first: dict[str, str] = {}
+    for directory, step in steps:
+        first.setdefault(directory, step)
+    return list(first.items())
+
+
+def find_real_driver(
+    layer: ElfInfo, driver_version: str | None, environ: Mapping[str, str], root: str
+) -> str | None:
+    """The real driver file behind `layer`: a libcuda.so.<version> (or libcuda.so.1) with SONAME
+    libcuda.so.1 that exports the encoders and is neither the layer nor this package's overlay, from the
+    first directory of real_driver_search that has one."""
+    layer_real = os.path.realpath(layer.path)
+    for directory, _ in real_driver_search(layer.path, environ, root):
+        try:
+            names = os.listdir(directory)
+        except OSError:
+            continue
+        candidates = []
+        for name in names:
+            match = _DRIVER_FILE.match(name)
+            path = os.path.join(directory, name)
+            if (match or name == DRIVER_LIBRARY) and os.path.realpath(path) != layer_real:
+                version = match.group(1) if match else "0"
+                candidates.append((version == driver_version, _version_key(version), path))
+        for _, _, path in sorted(candidates, reverse=True):
+            try:
+                info = read_elf(path, prefixes=(b"cuTensorMap", MARKER.encode()))
+            except ElfError:
+                continue
+            if info.soname == DRIVER_LIBRARY and ENCODERS[0] in info.defined and MARKER not in info.defined:
+                return path
+    return None
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("."))

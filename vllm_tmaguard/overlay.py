@@ -8,11 +8,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import tempfile
 
 from . import trust
+from .atomic import write_atomically
+from .catalogue import overlay_path
 from .elf import ElfError, retag_dynamic
-from .libraries import overlay_path
 
 # Same constant as setup.py: the placeholder (in .dynstr and in .rodata) the layer's path replaces.
 PLACEHOLDER = b"/tmaguard-layer-placeholder/" + b"x" * 220
@@ -60,16 +60,7 @@ def write_private(image: bytes, directory: str) -> str:
         raise trust.UntrustedPath(target_dir, problem)
     path = os.path.join(target_dir, "libcuda.so.1")
     if not _holds(path, image):
-        fd, temporary = tempfile.mkstemp(dir=target_dir, prefix=".libcuda.")
-        try:
-            with os.fdopen(fd, "wb") as file:
-                file.write(image)
-            os.chmod(temporary, 0o500)
-            os.replace(temporary, path)
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
-            raise
+        write_atomically(path, image, 0o500)
     return trust.trusted_file(path)
 
 

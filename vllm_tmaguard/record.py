@@ -1,186 +1,346 @@
-"""The one record per process: built from facts, decision and outcome; logged on the vllm_tmaguard logger
-in vLLM's style (or JSON) and written where `tmaguard doctor` reads it."""
+"""The one record per process: a typed value built from the stages' outputs, converted to JSON only at the
+edge (to_json, schema 2), and the one log line rendered from its fields in vLLM's style (docs/design.md §4).
+`tmaguard doctor` reads it back with from_json."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import sys
-import tempfile
 import time
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from . import __version__
-from .actions import Outcome
-from .decision import HANDLE_SCOPED, Decision
-from .facts import Facts
-from .libraries import SHIM_FILES
-from .routing import Routing
-from .toggles import default_record_dir
+from . import outcomes as codes
+from .outcomes import LOAD_OVERLAY, LOAD_SHIM, Action, Problem
 from .trust import redact
 
-logger = logging.getLogger("vllm_tmaguard")
-_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
-# vLLM's own format (vllm/logger.py), so the line sits naturally among vLLM's.
-_FORMAT = "(tmaguard pid=%(process)d) %(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s"
-_DATE_FORMAT = "%m-%d %H:%M:%S"
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # the stages' types, for annotations only: importing them here would cost start-up
+    from .facts import Facts
+    from .gpu import GpuFacts
+    from .routing import RoutePlan
+    from .supply import SupplyPlan
+
+SCHEMA = 2
+
+# Outcome values: what an operator filters on (and fleet metrics count).
+NO_GPU = "no-gpu"  # no GPU and no libcuda.so.1: nothing to do
+COMPLETE = "nothing-missing"  # libcuda.so.1 has everything vLLM and its libraries need
+SUPPLIED = "supplied"  # what it lacks was supplied
+WOULD_SUPPLY = "would-supply"  # validate mode: what auto would supply
+DEGRADED = "degraded"  # something stays broken (see problems)
+NO_VLLM = "no-vllm"
 
 
-def build_record(
-    facts: Facts, decision: Decision, outcome: Outcome, mode: str, elapsed_ms: float
-) -> dict[str, Any]:
-    """The record, secrets redacted (trust.py): it is logged and written to disk."""
-    driver = facts.driver
-    missing = {s: list(m) for s, m in facts.vllm.needs().items() if driver.info and not driver.exports(s)}
-    record = {
-        "tmaguard": __version__,
-        "pid": os.getpid(),
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "trigger": facts.trigger,
-        "mode": mode,
-        "summary": decision.summary,
-        "gpu": {
-            "gpus": [
-                {
-                    "index": g.index,
-                    "name": g.name,
-                    "compute_capability": "{}.{}".format(*g.compute_capability),
-                    "mig": g.mig,
-                    "virtualization": g.virtualization,
-                }
-                for g in facts.gpu.gpus
-            ],
-            "driver_version": facts.gpu.driver_version,
-            "cuda_driver_version": facts.gpu.cuda_driver_version,
-            "error": facts.gpu.error,
-        },
-        "layer": [{"name": layer.name, "evidence": list(layer.evidence)} for layer in facts.layers],
-        "libcuda": {
+@dataclass(frozen=True)
+class Record:
+    pid: int
+    time: str
+    trigger: str
+    mode: str
+    outcome: str
+    layers: tuple[dict[str, Any], ...]  # name, label, evidence
+    libcuda: dict[str, Any]
+    gpu: dict[str, Any]
+    vllm: dict[str, Any]
+    lacking: tuple[str, ...] = ()
+    missing: dict[str, list[str]] = field(default_factory=dict)  # vLLM's needs libcuda.so.1 lacks
+    supplied: dict[str, str] = field(default_factory=dict)  # symbol -> library
+    encoder: dict[str, Any] | None = None  # reachable, reason
+    tma: dict[str, Any] | None = None  # usable, reason
+    routing: dict[str, Any] | None = None
+    actions: tuple[Action, ...] = ()
+    problems: tuple[Problem, ...] = ()
+    timings_ms: dict[str, float] = field(default_factory=dict)
+    elapsed_ms: float = 0.0
+    record_file: str | None = None
+    forked_from: int | None = None
+    tmaguard: str = __version__
+
+    @property
+    def layer(self) -> dict[str, Any] | None:
+        return self.layers[0] if self.layers else None
+
+    @property
+    def summary(self) -> str:
+        """The outcome in a sentence, for people (nothing reads it back)."""
+        who = self.layer["label"] if self.layer else "no sharing layer"
+        if self.libcuda.get("overlay_of"):
+            who += " behind tmaguard's overlay"
+        if self.outcome == NO_GPU:
+            return "no GPU and no libcuda.so.1: nothing to do"
+        if self.outcome == NO_VLLM:
+            return f"{who}: vLLM is not installed, nothing to check"
+        if not self.lacking:
+            first = next((p for p in self.problems if p.code.startswith("driver")), None)
+            return f"{who}: {first.cause}" if first else f"{who}: libcuda.so.1 has every entry point needed"
+        more = f" and {len(self.lacking) - 1} more" if len(self.lacking) > 1 else ""
+        verb = {SUPPLIED: "supplied", WOULD_SUPPLY: "would be supplied"}.get(self.outcome, "not all supplied")
+        return f"{who}: libcuda.so.1 lacks {self.lacking[0]}{more}; {verb}"
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as written and logged, secrets redacted (trust.py)."""
+        document = {
+            "schema": SCHEMA,
+            "tmaguard": self.tmaguard,
+            "pid": self.pid,
+            "time": self.time,
+            "trigger": self.trigger,
+            "mode": self.mode,
+            "outcome": self.outcome,
+            "summary": self.summary,
+            "layers": list(self.layers),
+            "libcuda": self.libcuda,
+            "gpu": self.gpu,
+            "vllm": self.vllm,
+            "lacking": list(self.lacking),
+            "missing": self.missing,
+            "supplied": self.supplied,
+            "encoder": self.encoder,
+            "tma": self.tma,
+            "routing": self.routing,
+            "actions": [a.to_json() for a in self.actions],
+            "problems": [p.to_json() for p in self.problems],
+            "timings_ms": self.timings_ms,
+            "elapsed_ms": self.elapsed_ms,
+            "record_file": self.record_file,
+            "forked_from": self.forked_from,
+        }
+        return redact(document)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Record:
+        """A record as written (schema 2). Raises KeyError or TypeError for something else."""
+        if data.get("schema") != SCHEMA:
+            raise KeyError(f"record schema {data.get('schema')!r}, not {SCHEMA}")
+        return cls(
+            pid=data["pid"],
+            time=data["time"],
+            trigger=data["trigger"],
+            mode=data["mode"],
+            outcome=data["outcome"],
+            layers=tuple(data["layers"]),
+            libcuda=data["libcuda"],
+            gpu=data["gpu"],
+            vllm=data["vllm"],
+            lacking=tuple(data["lacking"]),
+            missing=data["missing"],
+            supplied=data["supplied"],
+            encoder=data["encoder"],
+            tma=data["tma"],
+            routing=data["routing"],
+            actions=tuple(Action.from_json(a) for a in data["actions"]),
+            problems=tuple(Problem.from_json(p) for p in data["problems"]),
+            timings_ms=data.get("timings_ms", {}),
+            elapsed_ms=data.get("elapsed_ms", 0.0),
+            record_file=data.get("record_file"),
+            forked_from=data.get("forked_from"),
+            tmaguard=data.get("tmaguard", "?"),
+        )
+
+    def forked(self, trigger: str) -> Record:
+        """This record as a forked child's: it inherited the parent's libraries and knobs."""
+        return replace(
+            self,
+            pid=os.getpid(),
+            time=now(),
+            trigger=f"{trigger} (forked from pid {self.pid}: inherits its libraries and knobs)",
+            forked_from=self.pid,
+            elapsed_ms=0.0,
+            timings_ms={},
+            record_file=None,
+        )
+
+
+def now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+# Problems that leave vLLM worse off than a complete driver would (the others concern the guard itself).
+_DEGRADING = frozenset(
+    {
+        codes.DRIVER_MISSING, codes.DRIVER_UNREADABLE, codes.SYMBOL_UNSUPPLIED, codes.HANDLE_SCOPED_GAP,
+        codes.OVERLAY_FAILED, codes.SHIM_FAILED, codes.ROOT_REFUSED, codes.IMPORTED_EARLY,
+        codes.EXTENSION_UNREADABLE,
+    }
+)  # fmt: skip
+
+
+def outcome_of(
+    facts: Facts, gpus: GpuFacts, plan: SupplyPlan, problems: tuple[Problem, ...], apply: bool
+) -> str:
+    if not gpus.present and facts.driver.path is None:
+        return NO_GPU
+    if plan.status == "no-vllm":
+        return NO_VLLM
+    if any(p.code in _DEGRADING for p in problems):
+        return DEGRADED
+    if plan.lacking:
+        return SUPPLIED if apply else WOULD_SUPPLY
+    return COMPLETE
+
+
+def assemble(
+    trigger: str,
+    mode: str,
+    facts: Facts,
+    gpus: GpuFacts,
+    plan: SupplyPlan,
+    route: RoutePlan | None,
+    actions: tuple[Action, ...],
+    problems: tuple[Problem, ...],
+    timings_ms: dict[str, float],
+) -> Record:
+    """The record of one activation, from the stages' outputs."""
+    driver, routing = facts.driver, route.routing if route else None
+    return Record(
+        pid=os.getpid(),
+        time=now(),
+        trigger=trigger,
+        mode=mode,
+        outcome=outcome_of(facts, gpus, plan, problems, mode == "auto"),
+        layers=tuple(
+            {
+                "name": layer.name,
+                "label": layer.label,
+                "evidence": list(layer.evidence),
+                "remote": not layer.forwards_to_local_driver,
+            }
+            for layer in facts.layers
+        ),
+        libcuda={
             "path": driver.path,
             "how": driver.resolution.how,
             "soname": driver.info.soname if driver.info else None,
             "mapped": list(driver.resolution.mapped),
             "real_driver": driver.real_driver,
             "overlay_of": driver.overlay_of,
+            "module_version": driver.module_version,
             "error": driver.error,
         },
-        "vllm": {
+        gpu={
+            "gpus": [
+                {
+                    "index": g.index,
+                    "name": g.name,
+                    "compute_capability": "{}.{}".format(*g.compute_capability)
+                    if g.compute_capability
+                    else None,
+                    "bus_id": g.bus_id,
+                }
+                for g in gpus.gpus
+            ],
+            "driver_version": gpus.driver_version,
+            "cuda_driver_version": gpus.cuda_driver_version,
+            "source": gpus.source,
+            "error": gpus.error,
+        },
+        vllm={
             "version": facts.vllm.version,
             "found": facts.vllm.found,
             "platform_plugins": facts.vllm.platform_plugins,
         },
-        "missing": missing,
-        "supplied": {
-            s: supply.library
-            for supply in decision.supplies
-            for s in supply.symbols
-            if s in missing or s in HANDLE_SCOPED
-        },
-        "tma": None
-        if decision.tma is None
-        else {"usable": decision.tma.usable, "reason": decision.tma.reason},
-        "routing": _routing_record(decision.routing),
-        "unfixed": list(decision.unfixed),
-        "actions": list(outcome.done) if decision.apply else _would(decision),
-        "failed": list(outcome.failed),
-        "elapsed_ms": round(elapsed_ms, 2),
-    }
-    return redact(record)
+        lacking=plan.lacking,
+        missing={symbol: list(modules) for symbol, modules in (plan.missing or {}).items()},
+        supplied=plan.supplied,
+        encoder={"reachable": plan.encoder.reachable, "reason": plan.encoder.reason},
+        tma=None if route is None else {"usable": route.tma.usable, "reason": route.tma.reason},
+        routing=None if routing is None else _routing_json(routing),
+        actions=actions,
+        problems=problems,
+        timings_ms=timings_ms,
+        elapsed_ms=round(sum(timings_ms.values()), 2),
+    )
 
 
-def _routing_record(routing: Routing | None) -> dict[str, Any] | None:
-    if routing is None:
-        return None
+def _routing_json(routing: Any) -> dict[str, Any]:
     return {
         "families": [{"family": f.family, "path": f.path, "why": f.why} for f in routing.families],
         "env": routing.env,
         "blocked_imports": list(routing.block_modules),
         "disabled_kernels": [{"kernel": name, "why": why} for name, why in routing.disabled],
-        "overrides": list(routing.overrides),
+        "overrides": [
+            {"variable": o.variable, "was": o.was, "now": o.now, "why": o.why} for o in routing.overrides
+        ],
         "hints": list(routing.hints),
         "stale": list(routing.stale),
         "error": routing.error,
     }
 
 
-def _would(decision: Decision) -> list[str]:
-    would = [f"would load the {_library_name(s.library)}" for s in decision.supplies]
-    if decision.routing:
-        would += [f"would set {k}={v}" for k, v in decision.routing.env.items()]
-        would += [f"would keep {m} from importing" for m in decision.routing.block_modules]
-    return would
+# ---------------------------------------------------------------------------------------------------------
+# The log line
 
-
-def _library_name(library: str) -> str:
-    return library if library == "overlay" else f"{library} shim"
-
-
-# The one log line's message; vLLM's prefix (pid, level, time, file) keeps the whole line within 400
-# characters, readable in `kubectl logs`. The detail is in the record file and `tmaguard doctor`.
+logger = logging.getLogger("vllm_tmaguard")
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+# vLLM's own format (vllm/logger.py), so the line sits naturally among vLLM's.
+_FORMAT = "(tmaguard pid=%(process)d) %(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s"
+_DATE_FORMAT = "%m-%d %H:%M:%S"
+# vLLM's prefix (pid, level, time, file) keeps the whole line within 400 characters, readable in `kubectl
+# logs`. The detail is in the record file and `tmaguard doctor`.
 MESSAGE_LIMIT = 335
-_PART_LIMIT = 150
-_SHIM_NAMES = {file: name for name, file in SHIM_FILES.items()}
-_NOT_WRITTEN = ("TMAGUARD_RECORD_DIR unusable", "could not write the record")  # guard.py's failures
 
 
-def render_text(record: dict[str, Any]) -> str:
-    """The log line: the outcome, what was loaded, the first failure and problem, the routing in a phrase,
-    and where the full record is. Parts that do not fit are cut, the last ones first. Where no record file
-    was written, the failures take the room: the line is all there is."""
-    loaded = _loaded(record["actions"])
-    outcome = record["summary"]
-    if loaded:  # what was loaded says it: "supplying them (with the overlay)" need not
-        outcome = outcome.split("; supplying them")[0].split("; would supply them")[0]
-    unwritten = any(f.startswith(_NOT_WRITTEN) for f in record["failed"])
-    parts = [f"tmaguard: {_clip(outcome)}", *loaded]
-    parts += _first("FAILED", record["failed"], 240 if unwritten else 56)
-    parts += _first("PROBLEM", record["unfixed"])
-    parts += [phrase] if (phrase := _routing_phrase(record["routing"], record["tma"])) else []
-    where = "no record file written" if unwritten else _record_file(record)
-    tail = _clip(f"details: {where}", MESSAGE_LIMIT // 2)
-    room = MESSAGE_LIMIT - len(tail)
-    kept: list[str] = []
-    for part in parts:
-        left = room - sum(len(p) + 2 for p in kept) - 2
-        if len(part) > left:
-            kept += [_clip(part, left)] if left >= 24 else []
-            break
-        kept.append(part)
-    return "; ".join([*kept, tail])
+def level_of(record: Record) -> str:
+    if record.outcome == NO_GPU:
+        return "debug"
+    hints = bool(record.routing and record.routing.get("hints"))
+    return "warning" if record.problems or hints else "info"
 
 
-def _clip(text: str, limit: int = _PART_LIMIT) -> str:
+def render_line(record: Record) -> str:
+    """The log line from the record's fields: the outcome, what was loaded, the first problem's cause and
+    fix, the routing in a phrase, where the full record is. What must stay (the outcome, the first problem)
+    is kept; the routing and the record's place are shortened first."""
+    head = f"tmaguard: {_clip(record.summary, 100)}"
+    loaded = _loaded(record.actions)
+    problem = _first_problem(record.problems)
+    routing = _routing_phrase(record.routing, record.tma)
+    where = f"details: {record.record_file or 'tmaguard doctor'}"
+    essential = [head, *([loaded] if loaded else []), *([problem] if problem else [])]
+    optional = [*([routing] if routing else []), where]
+    room = MESSAGE_LIMIT - sum(len(p) + 2 for p in essential)
+    kept = []
+    for part in optional:
+        if len(part) + 2 <= room:
+            kept.append(part)
+            room -= len(part) + 2
+        elif room > 30:
+            kept.append(_clip(part, room - 2))
+            room = 0
+    return _clip("; ".join(essential + kept), MESSAGE_LIMIT)
+
+
+def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
 
-def _first(label: str, items: list[str], limit: int = 56) -> list[str]:
-    if not items:
-        return []
-    count = f" ({len(items)})" if len(items) > 1 else ""
-    return [f"{label}{count}: {_clip(items[0], limit)}"]
+def _first_problem(problems: tuple[Problem, ...]) -> str | None:
+    if not problems:
+        return None
+    count = f" ({len(problems)})" if len(problems) > 1 else ""
+    first = problems[0]
+    return f"PROBLEM{count}: {_clip(first.cause, 100)}; fix: {_clip(first.fix, 115)}"
 
 
-def _loaded(actions: list[str]) -> list[str]:
-    """What was loaded (or would be, in validate mode), without paths."""
-    loaded, shims = [], []
-    for action in actions:
-        if action.startswith("loaded the overlay"):
-            memory = action.startswith("loaded the overlay /proc/self/fd/")  # no private directory for it
-            loaded.append("overlay loaded" + (" (in memory)" if memory else ""))
-        elif action.removeprefix("loaded ") in _SHIM_NAMES:
-            shims.append(_SHIM_NAMES[action.removeprefix("loaded ")])
-        elif action.startswith("would load "):
-            loaded.append(action)
-    return loaded + ([f"shims loaded ({', '.join(shims)})"] if shims else [])
+def _loaded(actions: tuple[Action, ...]) -> str | None:
+    overlay = [a for a in actions if a.kind == LOAD_OVERLAY]
+    shims = [a.target for a in actions if a.kind == LOAD_SHIM]
+    parts = []
+    if overlay:
+        where = " (in memory)" if overlay[0].in_memory else ""
+        parts.append(f"overlay {'loaded' if overlay[0].applied else 'would be loaded'}{where}")
+    if shims:
+        parts.append(f"shims {'loaded' if actions[0].applied else 'would be loaded'} ({', '.join(shims)})")
+    return "; ".join(parts) or None
 
 
 def _routing_phrase(routing: dict[str, Any] | None, tma: dict[str, Any] | None) -> str | None:
     if routing is None:
         return None
-    if routing["error"]:
-        return f"routing ERROR: {_clip(routing['error'], 100)}"
     changes = []
     if routing["disabled_kernels"]:
         changes.append(f"{len(routing['disabled_kernels'])} kernels off")
@@ -190,19 +350,9 @@ def _routing_phrase(routing: dict[str, Any] | None, tma: dict[str, Any] | None) 
         changes.append(f"{len(routing['blocked_imports'])} extensions blocked")
     if not changes:
         changes.append("vLLM's own choices" + (", TMA kept" if tma and tma["usable"] else ""))
-    counted = {"hint": routing["hints"], "override": routing["overrides"], "note": routing["stale"]}
+    counted = {"hint": routing["hints"], "note": routing["stale"]}
     notes = [f"{len(items)} {what}{'s' * (len(items) > 1)}" for what, items in counted.items() if items]
     return "routing: " + ", ".join(changes + notes)
-
-
-def _record_file(record: dict[str, Any]) -> str:
-    """Where the full record is: the file the guard wrote, or the command that prints it."""
-    if record.get("record_file"):
-        return record["record_file"]
-    if record["trigger"] == "cli":
-        return "tmaguard check --json"
-    directory = os.environ.get("TMAGUARD_RECORD_DIR") or default_record_dir()
-    return os.path.join(directory, "last.json")
 
 
 def _ensure_handler() -> None:
@@ -223,57 +373,8 @@ def log_line(level: str, message: str) -> None:
     logger.log(_LEVELS[level], redact(message), stacklevel=2)
 
 
-def emit(record: dict[str, Any], level: str, log_format: str) -> None:
-    """Logs a record from build_record (already redacted)."""
+def emit(record: Record, log_format: str) -> None:
+    """Logs the record: its line, or (TMAGUARD_LOG_FORMAT=json, for log shippers) the whole record."""
     _ensure_handler()
-    text = json.dumps(record, sort_keys=False) if log_format == "json" else render_text(record)
-    logger.log(_LEVELS[level], text)
-
-
-PROCESS_RECORDS_KEPT = 64  # per-process records kept in the record directory, newest first
-
-
-def process_record_path(record_dir: str, pid: int) -> str:
-    return os.path.join(record_dir, f"process-{pid}.json")
-
-
-def write_record(record: dict[str, Any], record_dir: str) -> str | None:
-    """Writes the process's own record (process-<pid>.json) and replaces last.json, each atomically; keeps
-    the newest PROCESS_RECORDS_KEPT process records. Returns the process record's path, or None if the
-    directory is unusable."""
-    try:
-        os.makedirs(record_dir, mode=0o700, exist_ok=True)
-        path = process_record_path(record_dir, record["pid"])
-        for target in (path, os.path.join(record_dir, "last.json")):
-            _write_atomically(record, record_dir, target)
-    except OSError:
-        return None
-    _prune_process_records(record_dir)
-    return path
-
-
-def _write_atomically(record: dict[str, Any], record_dir: str, target: str) -> None:
-    temporary = None
-    try:
-        fd, temporary = tempfile.mkstemp(dir=record_dir, prefix=".last.", suffix=".json")
-        with os.fdopen(fd, "w") as file:
-            json.dump(record, file, indent=1)  # from build_record: already redacted
-        os.replace(temporary, target)
-    except OSError:
-        if temporary is not None:  # a full disk: leave no partial file behind
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
-        raise
-
-
-def _prune_process_records(record_dir: str) -> None:
-    with contextlib.suppress(OSError):
-        entries = [
-            e for e in os.scandir(record_dir) if e.name.startswith("process-") and e.name.endswith(".json")
-        ]
-        if len(entries) <= PROCESS_RECORDS_KEPT:
-            return
-        entries.sort(key=lambda e: e.stat(follow_symlinks=False).st_mtime, reverse=True)
-        for entry in entries[PROCESS_RECORDS_KEPT:]:
-            with contextlib.suppress(OSError):
-                os.unlink(entry.path)
+    text = json.dumps(record.to_json()) if log_format == "json" else redact(render_line(record))
+    logger.log(_LEVELS[level_of(record)], text)

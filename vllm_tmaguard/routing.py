@@ -6,7 +6,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .routing_table import ATTENTION, KERNELS, MIXED_PRECISION, MOE, SCALED_MM, VersionTable
+from .outcomes import ROUTING_IMPOSSIBLE, ROUTING_OVERRIDE, Problem
+from .routing_table import (
+    ATTENTION,
+    KERNELS,
+    MIXED_PRECISION,
+    MIXED_PRECISION_TMA,
+    MOE,
+    SCALED_MM,
+    SCALED_MM_CUTLASS,
+    VersionTable,
+    table_for,
+)
 
 DISABLED_KERNELS = "VLLM_DISABLED_KERNELS"
 
@@ -35,12 +46,22 @@ class FamilyRoute:
 
 
 @dataclass(frozen=True)
+class Override:
+    """A user setting the guard replaced."""
+
+    variable: str
+    was: str
+    now: str
+    why: str
+
+
+@dataclass(frozen=True)
 class Routing:
     env: dict[str, str]  # variables to set, with their final values
     block_modules: tuple[str, ...]  # extension modules to make unimportable (vLLM then falls back itself)
     disabled: tuple[tuple[str, str], ...]  # (kernel class, why)
     families: tuple[FamilyRoute, ...]
-    overrides: tuple[str, ...]  # user settings the guard overrode, each naming the setting
+    overrides: tuple[Override, ...]  # user settings the guard overrode
     hints: tuple[str, ...]  # TMA paths no knob reaches, with the command-line flag that does
     stale: tuple[str, ...]  # table knowledge the installed vLLM does not match
     error: str | None = None  # TMAGUARD_GEMM=hopper on a pod where TMA is unusable
@@ -81,7 +102,7 @@ def route(inputs: RoutingInputs) -> Routing:
     steer_off_tma = inputs.gemm == "portable" or not inputs.encoder_reachable
     disabled = [(n, why) for n in table.kernels if (why := _why_disabled(n, inputs, majors))]
     env: dict[str, str] = {}
-    overrides: list[str] = []
+    overrides: list[Override] = []
 
     merged = _merge_disabled(environ.get(DISABLED_KERNELS, ""), [name for name, _ in disabled])
     if merged is not None:
@@ -90,7 +111,7 @@ def route(inputs: RoutingInputs) -> Routing:
     def force(variable: str, value: str, why: str) -> None:
         current = environ.get(variable)
         if current is not None and current.strip() != value:
-            overrides.append(f"{variable}={current} overridden to {value}: {why}")
+            overrides.append(Override(variable, current, value, why))
         if current is None or current.strip() != value:
             env[variable] = value
 
@@ -150,8 +171,8 @@ def _families(
         return "; ".join(dict.fromkeys(f"{n}: {disabled[n]}" for n in names if n in disabled))
 
     routes = []
-    mixed = ("MacheteLinearKernel", "HummingLinearKernel")
-    chosen = first_enabled((("MacheteLinearKernel", "Machete"), ("HummingLinearKernel", "Humming")))
+    mixed = tuple(name for name, _ in MIXED_PRECISION_TMA)
+    chosen = first_enabled(MIXED_PRECISION_TMA)
     if 9 not in majors:
         gate = (
             "vLLM limits Machete and CUTLASS W4A8 to compute capability 9.0"
@@ -166,7 +187,7 @@ def _families(
     else:
         routes.append(FamilyRoute(MIXED_PRECISION, "Marlin (cp.async)", why_disabled(mixed)))
 
-    cutlass = "CutlassFP8ScaledMMLinearKernel"
+    cutlass = SCALED_MM_CUTLASS
     if not majors & {9, 10, 12}:
         routes.append(FamilyRoute(SCALED_MM, "vLLM's choice: CUTLASS 2.x / torch", "no TMA below sm_90"))
     elif cutlass not in inputs.table.kernels:
@@ -216,3 +237,78 @@ def _families(
             FamilyRoute(ATTENTION, "FlashAttention-2", "vLLM uses FA3 only on compute capability 9.x")
         )
     return tuple(routes)
+
+
+MIN_TMA_CUDA_DRIVER = 12000  # TMA descriptors arrived with CUDA 12.0
+
+
+@dataclass(frozen=True)
+class TmaVerdict:
+    usable: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class RoutePlan:
+    tma: TmaVerdict
+    routing: Routing
+    problems: tuple[Problem, ...]  # the user settings overridden, or insisted on and impossible
+
+
+def tma_verdict(
+    capabilities: frozenset[tuple[int, int]], cuda_version: int | None, encoder: tuple[bool, str]
+) -> TmaVerdict:
+    """Whether Hopper's TMA kernels can run here: an sm_90 GPU (or one of unknown model), a driver of CUDA
+    12 or newer, and a reachable real encoder."""
+    if capabilities and not any(major == 9 for major, _ in capabilities):
+        found = ", ".join(sorted(f"{a}.{b}" for a, b in capabilities))
+        return TmaVerdict(False, f"no sm_90 GPU ({found})")
+    if cuda_version is not None and cuda_version < MIN_TMA_CUDA_DRIVER:
+        return TmaVerdict(
+            False,
+            f"the driver supports CUDA {cuda_version // 1000}.{cuda_version % 1000 // 10}; TMA needs 12.0",
+        )
+    return TmaVerdict(*encoder)
+
+
+def plan_routing(
+    capabilities: frozenset[tuple[int, int]],
+    cuda_version: int | None,
+    encoder: tuple[bool, str],
+    launch_ex: bool,
+    vllm_version: str | None,
+    listed: frozenset[str] | None,
+    gemm: str,
+    environ: Mapping[str, str],
+) -> RoutePlan:
+    """How to steer vLLM's kernels: the TMA verdict and route(), with the settings it overrides as problems.
+    `capabilities`: the GPUs' (empty: unknown, routed as if any TMA architecture)."""
+    tma = tma_verdict(capabilities, cuda_version, encoder)
+    table, note = table_for(vllm_version)
+    routing = route(
+        RoutingInputs(
+            table, note, vllm_version, capabilities, encoder[0], encoder[1], tma.usable, tma.reason,
+            launch_ex, gemm, listed, environ,
+        )
+    )  # fmt: skip
+    problems = [
+        Problem(
+            ROUTING_OVERRIDE,
+            cause=f"{o.variable}={o.was} overridden to {o.now}: {o.why}",
+            consequence="the setting is not in effect",
+            fix=f"unset {o.variable}, or give the pod a real tensor-map encoder",
+            subject=o.variable,
+        )
+        for o in routing.overrides
+    ]
+    if routing.error:
+        problems.append(
+            Problem(
+                ROUTING_IMPOSSIBLE,
+                cause=routing.error,
+                consequence="start-up stops: the insisted kernels would crash without an encoder",
+                fix="set TMAGUARD_GEMM=auto (or portable) to let the guard route around it",
+                subject="TMAGUARD_GEMM",
+            )
+        )
+    return RoutePlan(tma, routing, tuple(problems))

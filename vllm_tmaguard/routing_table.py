@@ -11,6 +11,10 @@ import re
 from dataclasses import dataclass
 
 MIXED_PRECISION, SCALED_MM, MOE, ATTENTION = "mixed-precision linear", "FP8/INT8 linear", "MoE", "attention"
+# The TMA classes vLLM's mixed-precision selector tries on sm_90, in its order, and their names in the record.
+MIXED_PRECISION_TMA = (("MacheteLinearKernel", "Machete"), ("HummingLinearKernel", "Humming"))
+# The CUTLASS 3.x class whose absence or presence in a version's table names the FP8/INT8 path.
+SCALED_MM_CUTLASS = "CutlassFP8ScaledMMLinearKernel"
 
 
 @dataclass(frozen=True)

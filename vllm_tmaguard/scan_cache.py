@@ -7,8 +7,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 
+from .atomic import write_atomically
 from .vllm_probe import Extension, VllmFacts, extension_modules, find_package_dir, probe_vllm
 
 _FORMAT = 2  # 2: only the extensions this interpreter can load (vllm_probe.loadable_here)
@@ -79,10 +79,7 @@ def store(cache_dir: str, facts: VllmFacts, all_extensions: list[str]) -> None:
     }
     try:
         os.makedirs(cache_dir, mode=0o700, exist_ok=True)
-        fd, temporary = tempfile.mkstemp(dir=cache_dir, prefix=".vllm-scan.")
-        with os.fdopen(fd, "w") as file:
-            json.dump(document, file)
-        os.replace(temporary, _cache_path(cache_dir, facts.package_dir))
+        write_atomically(_cache_path(cache_dir, facts.package_dir), json.dumps(document).encode())
     except OSError:
         pass
 

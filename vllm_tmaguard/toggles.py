@@ -1,10 +1,15 @@
-"""The TMAGUARD_* environment toggles: their specification and a pure parser."""
+"""The TMAGUARD_* environment toggles: their specification and pure parsers. In a vLLM process a bad value
+falls back to that toggle's default with a problem naming the variable, the value and what is allowed
+(read_toggles): a typo in a routing or logging setting never drops the symbol fix. The CLI refuses it
+outright (parse_toggles)."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+
+from .outcomes import TOGGLE_INVALID, TOGGLE_UNKNOWN, Problem
 
 
 @dataclass(frozen=True)
@@ -119,6 +124,35 @@ def _directory(environ: Mapping[str, str], name: str, default: str, must_exist: 
     return raw
 
 
+# Values people write, and the setting they meant.
+NEAR_MISSES = {
+    ("TMAGUARD_MODE", "strict"): "TMAGUARD_STRICT=1 (strict mode is a toggle of its own)",
+    ("TMAGUARD_MODE", "on"): "TMAGUARD_MODE=auto",
+    ("TMAGUARD_MODE", "true"): "TMAGUARD_MODE=auto",
+    ("TMAGUARD_MODE", "false"): "TMAGUARD_MODE=off",
+    ("TMAGUARD_MODE", "check"): "TMAGUARD_MODE=validate",
+    ("TMAGUARD_STRICT", "true"): "TMAGUARD_STRICT=1",
+    ("TMAGUARD_STRICT", "yes"): "TMAGUARD_STRICT=1",
+    ("TMAGUARD_STRICT", "on"): "TMAGUARD_STRICT=1",
+    ("TMAGUARD_STRICT", "false"): "TMAGUARD_STRICT=0",
+    ("TMAGUARD_GEMM", "marlin"): "TMAGUARD_GEMM=portable (or =latency: Marlin on sm_90 for W4A16/W8A16)",
+    ("TMAGUARD_GEMM", "machete"): "TMAGUARD_GEMM=hopper",
+    ("TMAGUARD_GEMM", "tma"): "TMAGUARD_GEMM=hopper",
+    ("TMAGUARD_OVERLAY", "on"): "TMAGUARD_OVERLAY=auto",
+    ("TMAGUARD_OVERLAY", "0"): "TMAGUARD_OVERLAY=off",
+    ("TMAGUARD_OVERLAY", "false"): "TMAGUARD_OVERLAY=off",
+}
+_FIELD_OF = {
+    "TMAGUARD_MODE": "mode",
+    "TMAGUARD_STRICT": "strict",
+    "TMAGUARD_GEMM": "gemm",
+    "TMAGUARD_OVERLAY": "overlay",
+    "TMAGUARD_LOG_FORMAT": "log_format",
+    "TMAGUARD_ROOT": "root",
+    "TMAGUARD_RECORD_DIR": "record_dir",
+}
+
+
 def parse_toggles(environ: Mapping[str, str]) -> Toggles:
     """Reads every toggle; raises ToggleError naming the first bad variable, its value and what is allowed."""
     return Toggles(
@@ -129,6 +163,57 @@ def parse_toggles(environ: Mapping[str, str]) -> Toggles:
         log_format=_choice(environ, "TMAGUARD_LOG_FORMAT"),
         root=_directory(environ, "TMAGUARD_ROOT", "/", must_exist=True),
         record_dir=_directory(environ, "TMAGUARD_RECORD_DIR", default_record_dir(), must_exist=False),
+    )
+
+
+def read_toggles(environ: Mapping[str, str]) -> tuple[Toggles, tuple[Problem, ...]]:
+    """Every toggle, each bad one at its default, with a problem per bad value and per TMAGUARD_* variable
+    that is no toggle (a misspelt name). Never raises."""
+    values: dict[str, object] = {}
+    problems = []
+    for name, field_name in _FIELD_OF.items():
+        if name not in environ:
+            continue
+        try:
+            values[field_name] = getattr(parse_toggles({name: environ[name]}), field_name)
+        except ToggleError as error:
+            problems.append(_invalid(error))
+    toggles = Toggles(**{**_defaults(), **values})
+    problems += [
+        _unknown(name) for name in sorted(environ) if name.startswith("TMAGUARD_") and name not in _SPECS
+    ]
+    return toggles, tuple(problems)
+
+
+def _defaults() -> dict[str, object]:
+    defaults = {f.name: f.default for f in fields(Toggles)}
+    defaults["record_dir"] = default_record_dir()
+    return defaults
+
+
+def _invalid(error: ToggleError) -> Problem:
+    spec = _SPECS[error.name]
+    hint = NEAR_MISSES.get((error.name, error.value.strip().lower()))
+    fix = f"set {error.name} to {error.allowed}" + (f"; did you mean {hint}?" if hint else "")
+    return Problem(
+        TOGGLE_INVALID,
+        cause=f"{error.name}={error.value!r} is not valid",
+        consequence=f"{error.name} falls back to its default, {spec.default}",
+        fix=fix,
+        subject=error.name,
+    )
+
+
+def _unknown(name: str) -> Problem:
+    import difflib  # only for a misspelt name: not on every start-up's path
+
+    close = difflib.get_close_matches(name, list(_SPECS), n=1)
+    return Problem(
+        TOGGLE_UNKNOWN,
+        cause=f"{name} is not a tmaguard toggle",
+        consequence="it has no effect",
+        fix=f"did you mean {close[0]}?" if close else f"use one of {', '.join(_SPECS)}",
+        subject=name,
     )
 
 

@@ -138,8 +138,25 @@ def private_dir(path: str) -> tuple[str | None, str | None]:
         _make_private(path)
     except OSError as error:
         return None, f"cannot create {path}: {error.strerror or error}"
-    problem = path_problem(path, private=True)
+    problem = _not_private(path) or path_problem(path, private=True)
     return (None, problem) if problem else (os.path.realpath(path), None)
+
+
+def _not_private(path: str) -> str | None:
+    """Why the directory itself is not this user's alone, in the words an operator acts on."""
+    try:
+        info = os.stat(path)
+    except OSError as error:
+        return f"{path}: {error.strerror or error}"
+    mode = stat.S_IMODE(info.st_mode)
+    if not stat.S_ISDIR(info.st_mode):
+        return f"{path} is a file, not a directory"
+    if info.st_uid != os.geteuid():
+        return f"{path} belongs to uid {info.st_uid}, not to this user (uid {os.geteuid()})"
+    if mode & 0o077:
+        who = "everyone" if mode & 0o007 else "its group"
+        return f"{path} has mode {mode:04o}: {who} can enter it; it must be 0700 (this user's alone)"
+    return None
 
 
 def _make_private(path: str) -> None:

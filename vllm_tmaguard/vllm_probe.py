@@ -10,9 +10,9 @@ import re
 import sys
 from dataclasses import dataclass
 
+from .catalogue import DRIVER_LIBRARY
 from .elf import ElfError, read_elf
 
-DRIVER_LIBRARY = "libcuda.so.1"
 _VERSION = re.compile(r"""^(?:__version__|version)\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", re.M)
 _RECORD_EXTENSION = re.compile(r"^(vllm/[^,]*\.so),", re.M)
 _PLUGINS_GROUP = ("PLATFORM_PLUGINS_GROUP", "'vllm.platform_plugins'")  # 0.11+ constant; 0.8 - 0.10 literal

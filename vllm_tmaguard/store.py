@@ -1,0 +1,80 @@
+"""Where the guard keeps what it writes (the overlay's file, the vLLM scan cache, each process's record): a
+directory that is this user's alone. TMAGUARD_RECORD_DIR when it is such a directory, else the default one
+with the refusal said; with neither, nothing is written and the overlay stays in memory."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from .atomic import write_atomically
+from .outcomes import RECORD_DIR_REFUSED, RECORD_NOT_WRITTEN, Problem
+from .toggles import default_record_dir
+from .trust import private_dir
+
+PROCESS_RECORDS_KEPT = 64  # per-process records kept in the record directory, newest first
+
+
+@dataclass(frozen=True)
+class RecordDir:
+    path: str | None  # None: no private directory could be had
+    asked: str  # TMAGUARD_RECORD_DIR as set (or the default)
+    refused: str | None = None  # why `asked` was refused
+
+    def problem(self) -> Problem | None:
+        if self.refused is None:
+            return None
+        instead = f"records go to {self.path} instead" if self.path else "no record is written anywhere"
+        return Problem(
+            RECORD_DIR_REFUSED,
+            cause=f"TMAGUARD_RECORD_DIR={self.asked} is refused: {self.refused}",
+            consequence=f"{instead}; `tmaguard doctor` reads that directory",
+            fix="point TMAGUARD_RECORD_DIR at a directory only this user can enter (0700), or unset it",
+            subject=self.asked,
+        )
+
+
+def open_record_dir(asked: str) -> RecordDir:
+    path, refused = private_dir(asked)
+    if refused is not None and asked != default_record_dir():
+        path, _ = private_dir(default_record_dir())
+    return RecordDir(path, asked, refused)
+
+
+def process_record_path(directory: str, pid: int) -> str:
+    return os.path.join(directory, f"process-{pid}.json")
+
+
+def write_record(document: dict[str, Any], directory: str, pid: int) -> Problem | None:
+    """Writes the process's own record (process-<pid>.json) and replaces last.json, each atomically; keeps
+    the newest PROCESS_RECORDS_KEPT process records. A problem when the directory refused the write."""
+    data = json.dumps(document, indent=1).encode()
+    try:
+        for target in (process_record_path(directory, pid), os.path.join(directory, "last.json")):
+            write_atomically(target, data)
+    except OSError as error:
+        return Problem(
+            RECORD_NOT_WRITTEN,
+            cause=f"could not write the record to {directory}: {error.strerror or error}",
+            consequence="`tmaguard doctor` cannot read this process's record; the log line is all there is",
+            fix="free space in, or give this user write access to, TMAGUARD_RECORD_DIR",
+            subject=directory,
+        )
+    _prune(directory)
+    return None
+
+
+def _prune(directory: str) -> None:
+    with contextlib.suppress(OSError):
+        entries = [
+            e for e in os.scandir(directory) if e.name.startswith("process-") and e.name.endswith(".json")
+        ]
+        if len(entries) <= PROCESS_RECORDS_KEPT:
+            return
+        entries.sort(key=lambda e: e.stat(follow_symlinks=False).st_mtime, reverse=True)
+        for entry in entries[PROCESS_RECORDS_KEPT:]:
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)
