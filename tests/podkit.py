@@ -272,7 +272,7 @@ def _touch(path: Path, mode: int = 0o644) -> None:
     os.chmod(path, mode)
 
 
-def _write_gpus(root: Path, name: str, driver: str, count: int) -> None:
+def write_gpus(root: Path, name: str, driver: str, count: int) -> None:
     """The NVIDIA kernel module's files the guard reads (vllm_tmaguard/gpu.py), and the pod's device nodes."""
     proc = root / "proc/driver/nvidia"
     proc.mkdir(parents=True)
@@ -319,7 +319,7 @@ def build_pod(
     if kind == "nogpu":
         env["STANDIN_NVML_COUNT"] = "0"
         return Pod(kind, root, lib_dir, None, env)
-    _write_gpus(root, gpu_name, driver, gpu_count)
+    write_gpus(root, gpu_name, driver, gpu_count)
     env.update(
         {
             "STANDIN_NVML_NAME": gpu_name,

@@ -6,7 +6,9 @@ import os
 import site
 import subprocess
 import sys
+from pathlib import Path
 
+import pytest
 from podkit import OLD_VLLM_IMPORT, build_old_vllm, expected_descriptor
 
 
@@ -44,3 +46,42 @@ def test_hook_does_nothing_until_vllm_is_imported() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[true, false]"
+
+
+# torch first, then vLLM (scripts, notebooks, workers that import torch first): torch initialises CUDA
+# through libcuda.so.1 before vLLM's import hook would run.
+TORCH_FIRST = """
+import ctypes, json, os
+import torch
+torch.cuda.is_available()
+maps = open("/proc/self/maps").read()
+from vllm.platforms import current_platform
+out = {"platform": type(current_platform).__name__}
+out["overlay_is_libcuda"] = hasattr(ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOLOAD), "tmaguard_shim_source")
+out["overlay_before_vllm"] = "/overlay-" in maps or "memfd:libcuda" in maps
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_torch_imported_first_still_gets_the_overlay(pods, run_python) -> None:
+    run = run_python(pods("vcuda", cc="9.0"), TORCH_FIRST)
+    expected = {"platform": "NvmlCudaPlatform", "overlay_is_libcuda": True, "overlay_before_vllm": True}
+    assert run.result == expected
+    record = run.last_record()
+    assert record["trigger"] == "import-hook (torch imported first)"
+    assert record["libcuda"]["how"] == "LD_LIBRARY_PATH" and record["problems"] == []
+
+
+def test_torch_first_on_a_complete_driver_leaves_the_guard_to_vllm(pods, run_python) -> None:
+    code = "import json, sys, torch\nprint('RESULT ' + json.dumps('vllm_tmaguard.guard' in sys.modules))"
+    assert run_python(pods("bare", cc="9.0"), code).result is False
+
+
+@pytest.mark.parametrize(("kind", "needed"), [("vcuda", True), ("vcuda-v105", True), ("bare", False)])
+def test_torch_first_question_reads_the_files_only(pods, kind, needed) -> None:
+    from vllm_tmaguard.early import guard_needed_before
+
+    pod = pods(kind)
+    assert guard_needed_before(pod.env) is needed
+    assert guard_needed_before({**pod.env, "TMAGUARD_MODE": "off"}) is False
+    assert str(pod.lib_dir) not in Path("/proc/self/maps").read_text()  # asking loaded nothing

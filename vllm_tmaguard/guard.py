@@ -120,7 +120,6 @@ def _run(trigger: str) -> Record | None:
         )
         if records.path is not None:
             record = _written(record, records.path)
-        clock.lap("record")
         _record_dir = records.path if record.record_file else None
         _log_format = toggles.log_format
         emit(record, toggles.log_format)

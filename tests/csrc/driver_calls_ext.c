@@ -16,6 +16,10 @@ CUresult cuLaunchKernel(void *, unsigned, unsigned, unsigned, unsigned, unsigned
                         void *, void **, void **);
 CUresult cuPointerGetAttribute(void *, int, uint64_t);
 CUresult cuGetProcAddress_v2(const char *, void **, int, uint64_t, int *);
+CUresult cuInit(unsigned);
+
+/* What every CUDA program does first (torch has, by the time vLLM's kernels run). */
+static PyObject *init(PyObject *self, PyObject *unused) { return Py_BuildValue("i", cuInit(0)); }
 
 static PyObject *encode_tiled(PyObject *self, PyObject *args) {
     unsigned long long address = 0x1000, dim = 4096, stride = 8192;
@@ -38,11 +42,12 @@ static PyObject *metered_calls(PyObject *self, PyObject *unused) {
     return Py_BuildValue("(iii)", a, b, c);
 }
 
-/* Looks cuMemAlloc_v2 up through cuGetProcAddress_v2 (as CUDA runtime 12+ looks entry points up), calls it. */
+/* Looks cuMemAlloc up through cuGetProcAddress_v2 as CUDA runtime 12+ does (the base name and the CUDA
+   version it was built for: the driver hands out cuMemAlloc_v2), calls it. */
 static PyObject *alloc_through_proc_address(PyObject *self, PyObject *unused) {
     void *fn = NULL;
     int status = -1;
-    CUresult r = cuGetProcAddress_v2("cuMemAlloc_v2", &fn, 12000, 0, &status);
+    CUresult r = cuGetProcAddress_v2("cuMemAlloc", &fn, 13000, 0, &status);
     if (r != 0 || fn == NULL) return Py_BuildValue("(iiO)", r, status, Py_None);
     uint64_t pointer = 0;
     CUresult a = ((CUresult(*)(uint64_t *, size_t))fn)(&pointer, 4096);
@@ -50,6 +55,7 @@ static PyObject *alloc_through_proc_address(PyObject *self, PyObject *unused) {
 }
 
 static PyMethodDef methods[] = {
+    {"init", init, METH_NOARGS, "cuInit(0)"},
     {"encode_tiled", encode_tiled, METH_VARARGS, "cuTensorMapEncodeTiled -> (result, 128 bytes)"},
     {"metered_calls", metered_calls, METH_NOARGS, "cuMemAlloc_v2, cuLaunchKernel, cuPointerGetAttribute"},
     {"alloc_through_proc_address", alloc_through_proc_address, METH_NOARGS, "v2 look-up, then call"},

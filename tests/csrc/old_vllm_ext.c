@@ -17,7 +17,9 @@ extern CUresult cuTensorMapEncodeTiled(void *tensorMap, int dataType, unsigned r
                                        const unsigned *elementStrides, int interleave,
                                        int swizzle, int l2Promotion, int oobFill);
 
-/* encode_probe() -> (descriptor: bytes[128], result: int) */
+extern CUresult cuInit(unsigned flags);
+
+/* encode_probe() -> (descriptor: bytes[128], result: int); after cuInit, as in any CUDA program. */
 static PyObject *encode_probe(PyObject *self, PyObject *args) {
     (void)self, (void)args;
     unsigned char desc[128] __attribute__((aligned(64)));
@@ -26,7 +28,9 @@ static PyObject *encode_probe(PyObject *self, PyObject *args) {
     unsigned long long strides[1] = {8192};
     unsigned box[1] = {64};
     unsigned element_strides[1] = {1};
-    CUresult r = cuTensorMapEncodeTiled(desc, 7, 1, (void *)0x1000, dims, strides, box,
+    CUresult r = cuInit(0);
+    if (r == 0)
+        r = cuTensorMapEncodeTiled(desc, 7, 1, (void *)0x1000, dims, strides, box,
                                         element_strides, 0, 0, 0, 0);
     return Py_BuildValue("(y#i)", (const char *)desc, (Py_ssize_t)sizeof(desc), (int)r);
 }

@@ -82,7 +82,6 @@ X(cuLaunchCooperativeKernel_ptsz, -1, 0)
 X(cuMemcpyAsync, -1, 0)
 X(cuMemcpyAsync_ptsz, -1, 0)
 X(cuStreamWaitValue32, -1, 0)
-X(cuGetExportTable, 0, 8)
 X(cuLaunchKernelEx, -1, 0)
 X(cuLaunchKernelEx_ptsz, -1, 0)
 #undef X
@@ -112,6 +111,15 @@ STANDIN_EXPORT CUresult cuDeviceTotalMem_v2(STANDIN_GENERIC_PARAMS) {
         bump(IDX_##n);                                                         \
         return CUDA_ERROR_INVALID_CONTEXT;                                     \
     }
+/* (const void **table, const CUuuid *id): the runtime's private tables, which a stand-in does not have. */
+STANDIN_EXPORT CUresult cuGetExportTable(STANDIN_GENERIC_PARAMS) {
+    (void)a1;
+    bump(IDX_cuGetExportTable);
+    if (a0)
+        *(void **)a0 = NULL;
+    return CUDA_ERROR_NOT_FOUND;
+}
+
 LEGACY(cuMemAlloc)
 LEGACY(cuMemGetInfo)
 LEGACY(cuDeviceTotalMem)
