@@ -1,6 +1,7 @@
 """The guard's one log line on every kind of emulated pod (podkit.KINDS: a kind added later is covered
-here by itself): within podkit.GUARD_LINE_LIMIT, and it says the outcome, what was loaded, the routing,
-and where the full record is, which holds the same summary and the detail the line leaves out."""
+here by itself): within podkit.GUARD_LINE_LIMIT, and it says the outcome, what was loaded, the first
+problem's cause and fix, the routing, and where the full record is, which holds the same summary and the
+detail the line leaves out. The line is rendered from the record's fields (record.render_line)."""
 
 from __future__ import annotations
 
@@ -35,17 +36,18 @@ def test_one_short_line_that_points_at_the_full_record(pods, run_python, kind, g
     if kind == "nogpu":
         assert message.startswith("tmaguard: no GPU and no libcuda.so.1")
         return
-    where = re.search(r"; details: (\S+)$", message)
-    assert where, message
-    record = json.loads(Path(where.group(1)).read_text())
+    record = json.loads((Path(records) / "last.json").read_text())
     assert record["pid"] == int(line.split()[1].removeprefix("pid=").rstrip(")"))
-    assert message.startswith(f"tmaguard: {record['summary'].split('; ')[0]}")
-    assert "…" not in message.split("PROBLEM")[0]  # only a long problem is cut, and only where it is too long
-    assert re.search(r"; routing: [^;…]+; details: ", message) or record["routing"] is None
-    loaded = [a for a in record["actions"] if a.startswith(("loaded", "would load"))]
-    if any("overlay" in a for a in loaded):
-        assert "overlay loaded" in message or "would load the overlay" in message
-    elif loaded:
-        assert "shims loaded (" in message
-    if record["unfixed"]:
-        assert re.search(r"; PROBLEM( \(\d+\))?: " + re.escape(record["unfixed"][0][:10]), message)
+    assert message.startswith(f"tmaguard: {record['summary']}")
+    kinds = {a["kind"] for a in record["actions"]}
+    if "load-overlay" in kinds:
+        assert "overlay loaded" in message or "overlay would be loaded" in message
+    elif "load-shim" in kinds:
+        assert re.search(r"shims (loaded|would be loaded) \(", message)
+    if record["problems"]:  # the first problem's cause and its fix are always there, whatever is cut
+        first = record["problems"][0]
+        assert re.search(r"PROBLEM( \(\d+\))?: " + re.escape(first["cause"][:60]), message)
+        assert f"fix: {first['fix'][:60]}" in message
+    else:
+        assert message.endswith(f"details: {record['record_file']}")
+        assert re.search(r"; routing: [^;…]+; details: ", message) or record["routing"] is None

@@ -39,7 +39,6 @@ def as_root(test):  # type: ignore[no-untyped-def]
     return run
 
 
-VCUDA_GROUPS = frozenset({"encoders", "proc-address", "launch-ex"})
 GUARD_DIR = Path(trust.__file__).parent
 
 
@@ -129,7 +128,10 @@ def test_an_existing_directory_that_is_not_private_is_refused(tmp_path: Path, mo
     directory.mkdir()
     directory.chmod(mode)
     real, problem = trust.private_dir(str(directory))
-    assert real is None and ("not private to this user" in problem or "writable by" in problem)
+    who = "its group" if mode == 0o750 else "everyone"
+    assert real is None and problem == (
+        f"{directory} has mode {mode:04o}: {who} can enter it; it must be 0700 (this user's alone)"
+    )
     assert stat.S_IMODE(directory.stat().st_mode) == mode  # refused, not repaired
 
 
@@ -139,7 +141,13 @@ def test_an_existing_directory_of_another_user_is_refused(tmp_path: Path) -> Non
     directory.mkdir(mode=0o700)
     os.chown(directory, NOBODY, NOBODY)
     real, problem = trust.private_dir(str(directory))
-    assert real is None and f"owned by uid {NOBODY}" in problem
+    assert real is None and problem == f"{directory} belongs to uid {NOBODY}, not to this user (uid 0)"
+
+
+def test_a_file_where_the_record_directory_should_be_is_called_a_file(tmp_path: Path) -> None:
+    plain = tmp_path / "records"
+    plain.write_text("")
+    assert trust.private_dir(str(plain)) == (None, f"{plain} is a file, not a directory")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -164,24 +172,24 @@ def test_untrusted_package_libraries_are_refused(pods, tmp_path: Path, weakness:
     elif weakness == "group-writable file":
         for library in lib.glob("*.so"):
             library.chmod(0o775)
-        why = "libtmaguard_encoders.so is writable by group 0 (mode 0775)"
+        why = "libtmaguard_overlay.so is writable by group 0 (mode 0775)"
     else:
         for library in lib.glob("*.so"):
             os.chown(library, NOBODY, NOBODY)
-        why = f"libtmaguard_encoders.so is owned by uid {NOBODY}"
+        why = f"libtmaguard_overlay.so is owned by uid {NOBODY}"
     runs = run_modes(pods("vcuda"), tmp_path / "runs", {"PYTHONPATH": str(top)})
     assert runs["off"].outcome["error"].endswith(UNDEFINED)
     assert runs["guard"].outcome == runs["off"].outcome
-    line, failed = runs["guard"].line(), runs["guard"].last_record()["failed"]
-    assert "FAILED" in line and "loaded" not in line
-    assert any(f.startswith("could not load the overlay: refused: ") for f in failed), failed
-    assert any(why in f for f in failed), failed
+    line, problems = runs["guard"].line(), runs["guard"].last_record()["problems"]
+    assert "PROBLEM (3): could not load the overlay: refused: " in line and "loaded" not in line
+    assert [p["code"] for p in problems] == ["overlay-failed", "shim-failed", "shim-failed"]
+    assert any(why in p["cause"] for p in problems), problems
     assert runs["strict"].returncode == 1 and why in runs["strict"].stderr
 
 
 def _planted_overlay(records: Path, layer: Path) -> Path:
     """Where the guard would put its overlay for this layer, with something else already there."""
-    digest = hashlib.sha256(overlay_image(VCUDA_GROUPS, str(layer))).hexdigest()[:16]
+    digest = hashlib.sha256(overlay_image(str(layer))).hexdigest()[:16]
     planted = records / f"overlay-{digest}" / "libcuda.so.1"
     planted.parent.mkdir(parents=True)
     planted.write_bytes(layer.read_bytes())  # a real library: loading it would "work"
@@ -191,8 +199,8 @@ def _planted_overlay(records: Path, layer: Path) -> Path:
 @pytest.mark.parametrize("weakness", ["mode 0755", "mode 0777", "other owner"])
 def test_a_record_directory_that_is_not_ours_alone_is_refused(pods, tmp_path: Path, weakness: str) -> None:
     """TMAGUARD_RECORD_DIR exists but someone else could write to it (or owns it), and a library waits at
-    the exact path of the overlay's file. The guard writes nothing there and loads nothing from there: the
-    overlay is kept in memory, vLLM starts, the line names the directory."""
+    the exact path of the overlay's file. The guard writes nothing there and loads nothing from there: its
+    files go to the default private directory, vLLM starts, the line names the refused directory and why."""
     assert weakness != "other owner" or os.geteuid() == 0, "chown to another user needs root"
     pod = pods("vcuda")
     records = tmp_path / "records"
@@ -208,7 +216,11 @@ def test_a_record_directory_that_is_not_ours_alone_is_refused(pods, tmp_path: Pa
     run = Child(pod, RESOLVE_AND_MAPS, tmp_path / "run", record_dir=records).collect(240)
     assert run.outcome == {"platform": "NvmlCudaPlatform"}
     line = run.line()
-    assert "overlay loaded (in memory)" in line and f"TMAGUARD_RECORD_DIR unusable: {records}" in line
+    assert "overlay loaded;" in line and f"PROBLEM: TMAGUARD_RECORD_DIR is refused: {records} " in line
+    pid = line.split("pid=", 1)[1].split(")", 1)[0]
+    written = json.loads((Path(f"/tmp/tmaguard-{os.getuid()}") / f"process-{pid}.json").read_text())
+    problem = written["problems"][0]
+    assert problem["code"] == "record-dir-refused" and problem["subject"] == str(records)
     assert str(planted) not in _mapped(run.stdout)
     assert sorted(p.name for p in records.iterdir()) == before  # no last.json, no scan cache, no overlay
 
@@ -225,19 +237,20 @@ def test_a_stale_overlay_file_in_our_directory_is_replaced(pods, tmp_path: Path)
     planted.chmod(0o500)
     run = Child(pod, RESOLVE_AND_MAPS, tmp_path / "run", record_dir=records).collect(240)
     assert run.outcome == {"platform": "NvmlCudaPlatform"}
-    assert planted.read_bytes() == overlay_image(VCUDA_GROUPS, str(layer))
+    assert planted.read_bytes() == overlay_image(str(layer))
     assert str(planted) in _mapped(run.stdout) and "overlay loaded" in run.line()
-    assert run.last_record()["actions"][0].startswith(f"loaded the overlay {planted}")
+    action = run.last_record()["actions"][0]
+    assert action["kind"] == "load-overlay" and action["value"] == str(planted)
 
 
 def test_tmaguard_root_never_makes_the_guard_load_a_file(tmp_path: Path, standins) -> None:
     """TMAGUARD_ROOT points the probes at another tree. A libcuda.so.1 found there (its default
     directories), where this process's loader never looks, must not become the overlay's dependency:
     vLLM fails exactly as without the guard, and nothing under that root named libcuda is mapped."""
-    pod = build_pod(tmp_path, "vcuda")
+    pod = build_pod(tmp_path, "bare")
     hidden = pod.root / "lib64"
     hidden.mkdir()
-    for name in ("libcuda.so.1", "libcuda-control.so", pod.real_driver.name):
+    for name in ("libcuda.so.1", pod.real_driver.name):
         shutil.move(pod.lib_dir / name, hidden / name)  # only NVML stays on LD_LIBRARY_PATH
     children = {
         mode: Child(pod, RESOLVE_AND_MAPS, tmp_path / mode, env)
@@ -246,10 +259,10 @@ def test_tmaguard_root_never_makes_the_guard_load_a_file(tmp_path: Path, standin
     runs = collect_all(children, 240)
     assert "libcuda.so.1: cannot open shared object file" in runs["off"].outcome["error"]
     assert runs["guard"].outcome == runs["off"].outcome
-    line, failed = runs["guard"].line(), runs["guard"].last_record()["failed"]
-    assert "FAILED" in line
+    line, problems = runs["guard"].line(), runs["guard"].last_record()["problems"]
     refused = f"libcuda.so.1 ({hidden}/libcuda.so.1) was found under TMAGUARD_ROOT={pod.root}"
-    assert any(refused in f for f in failed), failed
+    assert f"PROBLEM: {refused[:40]}" in line and "fix: unset TMAGUARD_ROOT" in line
+    assert [p["code"] for p in problems] == ["root-refused"] and problems[0]["cause"].startswith(refused)
     assert [m for m in _mapped(runs["guard"].stdout) if m.startswith(str(pod.root)) and "libcuda" in m] == []
 
 

@@ -110,8 +110,10 @@ def _run(trigger: str) -> Record | None:
             )  # fmt: skip
         routed, routing_problems = apply_routing(route.routing, apply) if route else ((), ())
         clock.lap("routing")
+        # What breaks vLLM first, then what concerns the guard's settings; without a GPU, no driver is none.
+        unsupplied = () if not gpus.present and plan.status == "no-driver" else plan.problems
         problems = (
-            *plan.problems, *_root_problem(refused), *supply_problems, *routing_problems,
+            *unsupplied, *_root_problem(refused), *supply_problems, *routing_problems,
             *(route.problems if route else ()), *_probe_problems(facts), *toggle_problems,
             *([records.problem()] if records.refused else []),
         )  # fmt: skip

@@ -285,23 +285,30 @@ MESSAGE_LIMIT = 335
 
 
 def level_of(record: Record) -> str:
-    if record.outcome == NO_GPU:
-        return "debug"
+    """warning: a problem (a bad toggle too, even on a machine without a GPU) or a path no knob reaches;
+    debug: nothing to do here; else info."""
     hints = bool(record.routing and record.routing.get("hints"))
-    return "warning" if record.problems or hints else "info"
+    if record.problems or hints:
+        return "warning"
+    return "debug" if record.outcome == NO_GPU else "info"
 
 
 def render_line(record: Record) -> str:
     """The log line from the record's fields: the outcome, what was loaded, the first problem's cause and
-    fix, the routing in a phrase, where the full record is. What must stay (the outcome, the first problem)
-    is kept; the routing and the record's place are shortened first."""
+    fix, the routing in a phrase, where the full record is. The outcome and the first problem always stay
+    (the cause gets whatever room the rest leaves it); the routing and the record's place go first."""
     head = f"tmaguard: {_clip(record.summary, 100)}"
     loaded = _loaded(record.actions)
-    problem = _first_problem(record.problems)
-    routing = _routing_phrase(record.routing, record.tma)
-    where = f"details: {record.record_file or 'tmaguard doctor'}"
-    essential = [head, *([loaded] if loaded else []), *([problem] if problem else [])]
-    optional = [*([routing] if routing else []), where]
+    essential = [head, *([loaded] if loaded else [])]
+    if record.problems:
+        first = record.problems[0]
+        count = f" ({len(record.problems)})" if len(record.problems) > 1 else ""
+        fix = f"fix: {_clip(first.fix, 110)}"
+        label = f"PROBLEM{count}: "
+        room = MESSAGE_LIMIT - sum(len(p) + 2 for p in essential) - len(label) - len(fix) - 2
+        essential += [label + _clip(first.cause, max(room, 40)), fix]
+    optional = [part for part in (_routing_phrase(record.routing, record.tma),) if part]
+    optional.append(f"details: {record.record_file or 'tmaguard doctor'}")
     room = MESSAGE_LIMIT - sum(len(p) + 2 for p in essential)
     kept = []
     for part in optional:
@@ -316,14 +323,6 @@ def render_line(record: Record) -> str:
 
 def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
-
-
-def _first_problem(problems: tuple[Problem, ...]) -> str | None:
-    if not problems:
-        return None
-    count = f" ({len(problems)})" if len(problems) > 1 else ""
-    first = problems[0]
-    return f"PROBLEM{count}: {_clip(first.cause, 100)}; fix: {_clip(first.fix, 115)}"
 
 
 def _loaded(actions: tuple[Action, ...]) -> str | None:

@@ -30,7 +30,7 @@ class RecordDir:
         instead = f"records go to {self.path} instead" if self.path else "no record is written anywhere"
         return Problem(
             RECORD_DIR_REFUSED,
-            cause=f"TMAGUARD_RECORD_DIR={self.asked} is refused: {self.refused}",
+            cause=f"TMAGUARD_RECORD_DIR is refused: {self.refused}",
             consequence=f"{instead}; `tmaguard doctor` reads that directory",
             fix="point TMAGUARD_RECORD_DIR at a directory only this user can enter (0700), or unset it",
             subject=self.asked,

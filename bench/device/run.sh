@@ -52,9 +52,9 @@ fi
 if wants encode; then
 step "encode: cuTensorMapEncodeTiled per call, direct / shim / overlay, interleaved"
 gcc -O2 -o /tmp/encode_bench bench/device/encode_bench.c -ldl
-shim=$($py -c "from vllm_tmaguard.libraries import shim_path; print(shim_path('encoders'))")
+shim=$($py -c "from vllm_tmaguard.catalogue import shim_path; print(shim_path('encoders'))")
 overlay=$($py -c "from vllm_tmaguard import overlay
-print(overlay.install(frozenset({'encoders', 'proc-address', 'launch-ex'}), '$pod/lib/libcuda.so.1', '/tmp/ov'))")
+print(overlay.install('$pod/lib/libcuda.so.1', '/tmp/ov'))")
 for round in 1 2 3 4 5; do
   /tmp/encode_bench direct "$real" | tee -a "$out/encode.jsonl"
   env "${in_pod[@]}" /tmp/encode_bench shim "$real" "$shim" | tee -a "$out/encode.jsonl"
