@@ -148,11 +148,10 @@ def assert_as_without(runs: dict[str, Result], *causes: str) -> str:
     assert off.returncode is not None, "the reference run hung"
     assert (guard.returncode, guard.outcome) == (off.returncode, off.outcome), (guard.stdout, guard.stderr)
     line = runs["guard"].line()
-    assert "FAILED" in line or "PROBLEM" in line, line
-    file = Path(line.rsplit("; details: ", 1)[-1])
+    assert "PROBLEM" in line, line
+    file = guard.record_dir / "last.json"
     record = json.loads(file.read_text()) if file.is_file() else {}
-    named = [line, *(f"FAILED: {f}" for f in record.get("failed", ()))]
-    named += [f"PROBLEM: {u}" for u in record.get("unfixed", ())]
+    named = [line, *(f"{p['cause']} {p['fix']}" for p in record.get("problems", ()))]
     for cause in causes:
         assert any(cause in text for text in named), f"{cause!r} in neither the line nor its record: {line}"
     return line

@@ -300,11 +300,15 @@ def build_pod(
     gpu_count: int = 1,
     quota: int = VCUDA_QUOTA,
     vcuda_config: bool = True,
+    nvml_is_layer: bool = True,
     build_dir: Path | None = None,
 ) -> Pod:
     """Lay out an emulated pod of `kind` (see KINDS) in a new directory under `base`. The GPU is named
     after its compute capability unless `gpu_name` says otherwise; `quota`: the vCUDA layer's memory
-    quota (its vcuda.config, absent when `vcuda_config` is False)."""
+    quota (its vcuda.config, absent when `vcuda_config` is False). `nvml_is_layer` False: a vCUDA pod
+    whose libnvidia-ml.so.1 is a plain NVML that loads libcuda.so.1 by that name in nvmlInit (as NVIDIA's
+    does): the layer then answers libcuda.so.1 for vLLM's extensions whatever its init does, which the
+    tests of damaged files rely on. (In a real vCUDA pod torch has mapped libcuda.so.1 before that.)"""
     if kind not in KINDS:
         raise ValueError(f"unknown pod kind {kind!r}; expected one of {', '.join(KINDS)}")
     gpu_name = gpu_name or GPU_OF_CAPABILITY[cc]
@@ -314,7 +318,7 @@ def build_pod(
     lib_dir.mkdir(parents=True)
     env: dict[str, str] = {"LD_LIBRARY_PATH": str(lib_dir), "TMAGUARD_ROOT": str(root)}
 
-    if kind not in VCUDA_KINDS:
+    if kind not in VCUDA_KINDS or not nvml_is_layer:
         _install(libs["nvml"], lib_dir / "libnvidia-ml.so.1")
     if kind == "nogpu":
         env["STANDIN_NVML_COUNT"] = "0"
@@ -361,7 +365,7 @@ def build_pod(
         _install(libs[layer[kind]], control)
         # vCUDA's device plugin hard-links libcuda-control.so as the driver and NVML libraries; the real
         # ones stay beside it under their versioned names (the layer opens libcuda.so.<driver version>).
-        for name in ("libcuda.so.1", "libcuda.so", "libnvidia-ml.so.1", "libnvidia-ml.so"):
+        for name in ("libcuda.so.1", "libcuda.so", *(("libnvidia-ml.so.1", "libnvidia-ml.so") if nvml_is_layer else ())):
             os.link(control, lib_dir / name)
         _install(libs["nvml"], lib_dir / f"libnvidia-ml.so.{driver}")
         if vcuda_config:

@@ -147,11 +147,12 @@ def _written(record: Record, directory: str) -> Record:
 
 
 def _stop_if_asked(record: Record, strict: bool) -> None:
-    """Strict mode stops on any problem; an impossible routing demand stops start-up in any mode."""
-    impossible = next((p for p in record.problems if p.code == ROUTING_IMPOSSIBLE), None)
-    first = impossible or (record.problems[0] if strict and record.problems else None)
-    if first is not None:
-        raise GuardStop(first.cause, first.fix)
+    """Strict mode stops on any problem, naming each; an impossible routing demand stops start-up in any
+    mode."""
+    impossible = [p for p in record.problems if p.code == ROUTING_IMPOSSIBLE]
+    stopping = impossible or (list(record.problems) if strict else [])
+    if stopping:
+        raise GuardStop("; ".join(p.cause for p in stopping), stopping[0].fix)
 
 
 def _root_problem(refused: str | None) -> tuple[Problem, ...]:

@@ -45,7 +45,7 @@ def test_libcuda_corrupted(pods, tmp_path: Path, damage: str) -> None:
     header"). The guard runs before torch, names the file and loads nothing (it must not pick a later
     libcuda.so.1 the loader would never reach); the outcome is the same crash or the same ImportError. In
     strict mode it does better than a crash: start-up stops with the cause."""
-    pod = pods("vcuda")
+    pod = pods("vcuda", nvml_is_layer=False)
     layer = pod.lib_dir / "libcuda.so.1"
     data = layer.read_bytes()[:4000] if damage == "truncated" else os.urandom(65536)
     _replace(layer, data)
@@ -63,7 +63,7 @@ def test_libcuda_corrupted_with_another_one_later_on_the_path(pods, tmp_path: Pa
     """A corrupted libcuda.so.1 first on LD_LIBRARY_PATH, the layer's good one after it: the loader stops at
     the first and fails; the guard must not put its overlay in front of the second (that would run vLLM on
     a library this process's loader never loads)."""
-    pod = pods("vcuda")
+    pod = pods("vcuda", nvml_is_layer=False)
     broken = tmp_path / "broken"
     broken.mkdir()
     # An x86-64 ELF header (the loader does not pass over it) followed by garbage.
@@ -81,7 +81,7 @@ def test_libcuda_corrupted_with_another_one_later_on_the_path(pods, tmp_path: Pa
 def test_libcuda_unreadable(pods, tmp_path: Path) -> None:
     """libcuda.so.1 that this user may not read: the loader passes over it (EACCES) and finds none."""
     prefix = without_dac_override()
-    pod = pods("vcuda")
+    pod = pods("vcuda", nvml_is_layer=False)
     layer = pod.lib_dir / "libcuda.so.1"
     _replace(layer, layer.read_bytes(), 0o000)
     runs = run_modes(pod, tmp_path, prefix=prefix)
@@ -112,11 +112,11 @@ def test_vllm_extension_damaged(pods, tmp_path: Path, damage: str) -> None:
     extension.unlink()
     extension.write_bytes(os.urandom(65536) if damage == "garbage" else b"")
     extension.chmod(0o000 if damage == "unreadable" else 0o755)
-    runs = run_modes(pods("vcuda"), tmp_path / "runs", {"PYTHONPATH": str(site)}, prefix=prefix)
+    runs = run_modes(pods("vcuda", nvml_is_layer=False), tmp_path / "runs", {"PYTHONPATH": str(site)}, prefix=prefix)
     error = runs["off"].outcome["error"]
     assert error.startswith("ImportError: ") and str(extension) in error
     why = "not an ELF file (bad magic)" if damage == "garbage" else "Permission denied"
-    line = assert_as_without(runs, f"FAILED: cannot read {extension}: {why}")
+    line = assert_as_without(runs, f"cannot read {extension}: {why}")
     assert "WARNING" in line
     assert_strict_stops(runs["strict"], f"cannot read {extension}: {why}")
 
@@ -139,7 +139,7 @@ def test_shim_and_overlay_fail_to_load(pods, tmp_path: Path, damage: str) -> Non
             library.write_bytes(os.urandom(20000))
         else:
             library.unlink()
-    runs = run_modes(pods("vcuda"), tmp_path / "runs", {"PYTHONPATH": str(top)})
+    runs = run_modes(pods("vcuda", nvml_is_layer=False), tmp_path / "runs", {"PYTHONPATH": str(top)})
     assert runs["off"].outcome["error"].endswith(UNDEFINED)
     if damage == "corrupt":
         overlay_why, shim_why = "does not carry the layer placeholder twice", "invalid ELF header"
@@ -147,9 +147,9 @@ def test_shim_and_overlay_fail_to_load(pods, tmp_path: Path, damage: str) -> Non
         overlay_why, shim_why = "No such file or directory", "No such file or directory"
     line = assert_as_without(
         runs,
-        "FAILED: could not load the overlay: ",
+        "could not load the overlay: ",
         overlay_why,
-        f"FAILED: could not load {lib}/libtmaguard_encoders.so: ",
+        f"could not load {lib}/libtmaguard_encoders.so: ",
         shim_why,
     )
     assert "WARNING" in line
@@ -158,18 +158,18 @@ def test_shim_and_overlay_fail_to_load(pods, tmp_path: Path, damage: str) -> Non
 
 def test_read_only_file_system(pods, tmp_path: Path) -> None:
     """TMAGUARD_RECORD_DIR on a read-only file system (a read-only bind mount). The guard does better than
-    "as without": it keeps the overlay in memory (memfd) and vLLM starts; the record line says no record
-    could be kept. Strict mode stops on that, naming the directory."""
+    "as without": its files go to the default private directory and vLLM starts; the record line says why
+    the asked one was refused. Strict mode stops on that, naming the directory."""
     mount = tmp_path / "ro"
     mount.mkdir()
     records = mount / "records"
     prefix = read_only(mount)
-    runs = run_modes(pods("vcuda"), tmp_path / "runs", {"TMAGUARD_RECORD_DIR": str(records)}, prefix=prefix)
+    runs = run_modes(pods("vcuda", nvml_is_layer=False), tmp_path / "runs", {"TMAGUARD_RECORD_DIR": str(records)}, prefix=prefix)
     assert runs["off"].outcome["error"].endswith(UNDEFINED)
     assert runs["guard"].outcome == {"platform": "NvmlCudaPlatform"}
     line = runs["guard"].line()
-    assert "overlay loaded (in memory)" in line and "WARNING" in line and "no record file written" in line
-    assert f"TMAGUARD_RECORD_DIR unusable: cannot create {records}: Read-only file system" in line
+    assert "overlay loaded;" in line and "WARNING" in line
+    assert "PROBLEM: TMAGUARD_RECORD_DIR is refused: cannot create " in line
     assert not records.exists()
     assert_strict_stops(runs["strict"], f"cannot create {records}: Read-only file system")
 
@@ -180,10 +180,10 @@ def test_record_write_failure_after_the_check_is_harmless(pods, tmp_path: Path) 
     records = tmp_path / "records"
     records.mkdir(mode=0o700)
     (records / "last.json").mkdir()
-    runs = run_modes(pods("vcuda"), tmp_path / "runs", {"TMAGUARD_RECORD_DIR": str(records)})
+    runs = run_modes(pods("vcuda", nvml_is_layer=False), tmp_path / "runs", {"TMAGUARD_RECORD_DIR": str(records)})
     assert runs["guard"].outcome == {"platform": "NvmlCudaPlatform"}
     line = runs["guard"].line()
-    assert f"FAILED: could not write the record to {records}" in line and "no record file written" in line
+    assert f"PROBLEM: could not write the record to {records}" in line
     assert [p.name for p in records.iterdir() if p.name.startswith(".last.")] == []
     assert_strict_stops(runs["strict"], f"could not write the record to {records}")
 
@@ -195,7 +195,7 @@ def test_no_proc(pods, tmp_path: Path) -> None:
     broken (without that fallback it believed nothing was loaded and vLLM failed). Nothing fails, so
     strict mode has no cause to stop on in the first case, and the same cause as with /proc in the second."""
     prefix = no_proc()
-    pod = pods("vcuda")
+    pod = pods("vcuda", nvml_is_layer=False)
     preload = "import ctypes\nctypes.CDLL('libcuda.so.1')\n" + RESOLVE
     runs = {
         name: Child(pod, code, tmp_path / name, env, prefix if "noproc" in name else ())
@@ -214,8 +214,12 @@ def test_no_proc(pods, tmp_path: Path) -> None:
     assert done["noproc-preload"].outcome == done["proc-preload"].outcome == {"platform": "NvmlCudaPlatform"}
     assert done["noproc-preload"].last_record()["supplied"] == done["proc-preload"].last_record()["supplied"]
     line, record = done["noproc-preload"].line(), done["noproc-preload"].last_record()
-    assert "shims loaded (encoders, proc-address)" in line and "overlay" not in line
-    assert record["libcuda"]["how"] == "mapped" and "loaded libtmaguard_encoders.so" in record["actions"]
+    assert "shims loaded (encoders, proc-address)" in line and "overlay loaded" not in line
+    assert record["libcuda"]["how"] == "mapped"
+    assert [(a["kind"], a["target"]) for a in record["actions"][:2]] == [
+        ("load-shim", "encoders"),
+        ("load-shim", "proc-address"),
+    ]
     assert_strict_stops(done["noproc-preload-strict"], "was already loaded when the guard ran")
 
 
@@ -255,7 +259,7 @@ def test_odd_library_path_entries(pods, tmp_path: Path, library_path: str) -> No
     """Odd LD_LIBRARY_PATH entries are not a fault: the guard resolves libcuda.so.1 to the file the loader
     then maps (checked in /proc/self/maps after vLLM's import), supplies what it lacks, and vLLM starts, as
     on a plain vCUDA pod; without the guard it fails the same way it always does there."""
-    pod = pods("vcuda")
+    pod = pods("vcuda", nvml_is_layer=False)
     odd = library_path.format(
         lib=pod.lib_dir, missing=tmp_path / "missing", file=pod.lib_dir / "libcuda.so.1"
     )
@@ -274,7 +278,7 @@ def test_odd_library_path_entries(pods, tmp_path: Path, library_path: str) -> No
         assert runs[mode].outcome == {"platform": "NvmlCudaPlatform"}, runs[mode].stdout
     record = runs["guard"].last_record()
     assert os.path.samefile(record["libcuda"]["path"], pod.lib_dir / "libcuda.so.1")
-    assert record["libcuda"]["how"] == "LD_LIBRARY_PATH" and record["failed"] == []
+    assert record["libcuda"]["how"] == "LD_LIBRARY_PATH" and record["problems"] == []
     mapped = json.loads(runs["guard"].stdout.split("MAPPED ", 1)[1].splitlines()[0])
     assert any(os.path.samefile(m, pod.lib_dir / "libcuda.so.1") for m in mapped if "/overlay-" not in m)
 
@@ -283,7 +287,7 @@ def test_library_path_with_a_token_the_guard_cannot_expand(pods, tmp_path: Path)
     """An LD_LIBRARY_PATH entry with $ORIGIN/$LIB/$PLATFORM, which the loader expands and the guard does
     not: the guard cannot tell which libcuda.so.1 the loader takes, so it supplies nothing (it must not
     put its overlay in front of a file the loader might not load) and vLLM behaves exactly as without it."""
-    pod = pods("vcuda")
+    pod = pods("vcuda", nvml_is_layer=False)
     runs = run_modes(pod, tmp_path, {"LD_LIBRARY_PATH": f"$ORIGIN/../nvidia:{pod.lib_dir}"})
     assert runs["off"].outcome["error"].endswith(UNDEFINED)
     line = assert_as_without(runs, "PROBLEM: libcuda.so.1 not found", "$ORIGIN/../nvidia: the loader expands")
