@@ -59,6 +59,7 @@ L = [
     "cuDeviceTotalMem_v2",
     "cuDeviceComputeCapability",
     "cuGetErrorName",
+    "cuMemGetInfo_v2",
 ]
 BASIC = ["cuInit", "cuDriverGetVersion", "cuDeviceGetCount", "cuGetProcAddress"]
 ENCODERS = [
@@ -68,6 +69,20 @@ ENCODERS = [
     "cuTensorMapReplaceAddress",
 ]
 NEW = [*ENCODERS, "cuGetProcAddress_v2", "cuLaunchKernelEx"]
+# Older ABIs beside L, which a driver and a layer built against CUDA 11 headers export.
+LEGACY = [
+    "cuMemAlloc",
+    "cuMemGetInfo",
+    "cuDeviceTotalMem",
+    "cuLaunchKernel_ptsz",
+    "cuLaunchCooperativeKernel_ptsz",
+    "cuMemcpyAsync",
+    "cuMemcpyAsync_ptsz",
+    "cuStreamWaitValue32",
+    "cuGetExportTable",
+]
+# CUDA 12 entry points the runtime libraries use that such a layer lacks.
+CUDA12 = ["cuLibraryLoadData", "cuLibraryGetKernel", "cuKernelGetFunction", "cuCtxCreate_v4"]
 NVML_REQUIRED = [
     "nvmlInit",
     "nvmlInit_v2",

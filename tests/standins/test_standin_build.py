@@ -7,7 +7,18 @@ from pathlib import Path
 
 import podkit
 import pytest
-from standin_child import BASIC, NEW, NVML_REQUIRED, L, dynsym, readelf_dynamic, run_child, soname
+from standin_child import (
+    BASIC,
+    CUDA12,
+    LEGACY,
+    NEW,
+    NVML_REQUIRED,
+    L,
+    dynsym,
+    readelf_dynamic,
+    run_child,
+    soname,
+)
 
 
 def test_build_is_cached(libs: dict[str, Path]) -> None:
@@ -22,7 +33,7 @@ def test_sonames_and_exports(libs: dict[str, Path]) -> None:
         "driver": "libcuda.so.1",
         "layer": "libcuda-control.so",
         "layer_fork": "libcuda-control.so",
-        "layer_noforward": "libcuda-control.so",
+        "layer_v105": "libcuda-control.so",
         "layer_standalone": "libcuda.so.1",
         "nvml": "libnvidia-ml.so.1",
     }
@@ -33,19 +44,23 @@ def test_sonames_and_exports(libs: dict[str, Path]) -> None:
     assert set(L + BASIC + NEW) <= driver
     assert {"standin_driver_calls", "standin_is_real_driver"} <= driver
 
-    upstream = dynsym(libs["layer"])
-    assert set(L + BASIC) | {"g_vcuda_config", "standin_layer_calls", "standin_is_layer"} <= upstream
-    assert not set(NEW) & upstream
-    assert dynsym(libs["layer_noforward"]) == upstream
-    assert dynsym(libs["layer_fork"]) == upstream | set(NEW)
-    assert dynsym(libs["layer_standalone"]) == upstream - {"g_vcuda_config"}
+    master = dynsym(libs["layer"])
+    assert set(L + BASIC + LEGACY) | {"standin_layer_calls", "standin_is_layer"} <= master
+    assert not set(NEW + CUDA12) & master
+    assert dynsym(libs["layer_v105"]) == master  # the same exports; its v1 look-up differs
+    assert dynsym(libs["layer_fork"]) == master | set(NEW) | {"cuLaunchKernelEx_ptsz"}
+    # NVML is the same file in a vCUDA pod: the layer exports what vLLM and torch ask NVML for.
+    assert {"nvmlInit_v2", "nvmlDeviceGetCudaComputeCapability", "nvmlDeviceGetName"} <= master
+    assert set(L + BASIC) <= dynsym(libs["layer_standalone"])
     # Only entry points and test helpers are exported (the guard reads .dynsym).
-    assert {s for s in upstream if not s.startswith(("cu", "standin_"))} == {"g_vcuda_config"}
+    assert {s for s in master if not s.startswith(("cu", "nvml", "standin_"))} == set()
 
     assert set(NVML_REQUIRED) <= dynsym(libs["nvml"])
     assert dynsym(libs["vgpu"]) == {
         "cuMemAlloc_v2",
+        "cuMemGetInfo_v2",
         "cuLaunchKernel",
+        "dlsym",
         "standin_vgpu_calls",
         "standin_is_vgpu",
     }
@@ -72,6 +87,10 @@ def test_pod_layout(pods: dict[str, podkit.Pod], kind: str) -> None:
         assert pod.env["STANDIN_NVML_COUNT"] == "0"
         return
     assert pod.env["STANDIN_NVML_NAME"] == "NVIDIA GeForce RTX 4090"
+    proc = pod.root / "proc/driver/nvidia"
+    assert "Kernel Module  550.142 " in (proc / "version").read_text()
+    assert "Model: \t\t NVIDIA GeForce RTX 4090" in (proc / "gpus/0000:01:00.0/information").read_text()
+    assert (pod.root / "dev/nvidia0").exists()
     assert pod.env["STANDIN_NVML_CC"] == "8.9"
     assert pod.env["STANDIN_NVML_DRIVER"] == "550.142"
     assert pod.env["STANDIN_NVML_COUNT"] == "1"
@@ -83,8 +102,7 @@ def test_pod_layout(pods: dict[str, podkit.Pod], kind: str) -> None:
         assert not list(pod.lib_dir.glob("libcuda.so.*.*"))
         return
 
-    driver_dir = pod.root / podkit.SYSTEM_DRIVER_DIR if kind == "vcuda-gpa-v2" else pod.lib_dir
-    assert pod.real_driver == driver_dir / "libcuda.so.550.142"
+    assert pod.real_driver == pod.lib_dir / "libcuda.so.550.142"
     assert soname(pod.real_driver) == "libcuda.so.1"
     if kind in ("bare", "hami"):
         assert soname(cuda1) == "libcuda.so.1"
@@ -99,9 +117,14 @@ def test_pod_layout(pods: dict[str, podkit.Pod], kind: str) -> None:
         assert pod.env["CUDA_DEVICE_SM_LIMIT"] == "50"
     if kind in podkit.VCUDA_KINDS:
         assert soname(cuda1) == "libcuda-control.so"
-        assert cuda1.stat().st_ino == (pod.lib_dir / "libcuda-control.so").stat().st_ino
+        control = (pod.lib_dir / "libcuda-control.so").stat().st_ino
+        for name in ("libcuda.so.1", "libcuda.so", "libnvidia-ml.so.1", "libnvidia-ml.so"):
+            assert (pod.lib_dir / name).stat().st_ino == control, name
+        assert soname(pod.lib_dir / "libnvidia-ml.so.550.142") == "libnvidia-ml.so.1"
+        assert (pod.root / "etc/vcuda/vcuda.config").read_text().split() == [str(podkit.VCUDA_QUOTA)]
         assert all(p.is_file() for p in vcuda_files)
         assert os.access(vcuda_files[1], os.X_OK)
+        assert pod.env["STANDIN_VCUDA_ROOT"] == str(pod.root)
     if kind not in ("hami",):
         assert "LD_PRELOAD" not in pod.env
 
@@ -120,8 +143,9 @@ def test_build_pod_options_and_unique_roots(libs: dict[str, Path], tmp_path: Pat
     out = run_child(
         a,
         "lib = ctypes.CDLL('libcuda.so.1'); lib.standin_layer_real_driver.restype = c_char_p\n"
+        "out['init'] = lib.cuInit(0)\n"
         "out['real'] = lib.standin_layer_real_driver().decode()",
     )
-    assert out["real"] == str(a.real_driver)
+    assert out == {"init": 0, "real": str(a.real_driver)}  # the layer opens libcuda.so.<driver> at init
     with pytest.raises(ValueError):
         podkit.build_pod(tmp_path, "no-such-kind")
