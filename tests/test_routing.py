@@ -74,7 +74,8 @@ def test_user_disabled_kernels_survive_and_conflicting_setting_is_overridden(pod
     assert disabled[:2] == ["ExllamaLinearKernel", "ConchLinearKernel"] and "MacheteLinearKernel" in disabled
     assert result["env"]["VLLM_USE_DEEP_GEMM"] == "0"
     (override,) = record["routing"]["overrides"]
-    assert override.startswith("VLLM_USE_DEEP_GEMM=1 overridden to 0")
+    assert (override["variable"], override["was"], override["now"]) == ("VLLM_USE_DEEP_GEMM", "1", "0")
+    assert override["why"]
 
 
 def test_conflicting_setting_is_refused_in_strict_mode(pods, run_python) -> None:
@@ -194,7 +195,8 @@ def test_old_vllm_flash_attn_env_is_overridden() -> None:
         )
     )
     assert routing.env["VLLM_FLASH_ATTN_VERSION"] == "2"
-    assert routing.overrides[0].startswith("VLLM_FLASH_ATTN_VERSION=3 overridden to 2")
+    (override,) = routing.overrides
+    assert (override.variable, override.was, override.now) == ("VLLM_FLASH_ATTN_VERSION", "3", "2")
 
 
 def test_stale_names_and_unread_versions_are_reported_not_fatal() -> None:

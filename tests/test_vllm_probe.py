@@ -47,7 +47,7 @@ def test_a_missing_extension_file_is_no_fault_of_the_guard(tmp_path, standins, p
     site = _fake_vllm(tmp_path, standins)
     run = run_python(pods("vcuda"), "import vllm\nprint('RESULT {}')", {"PYTHONPATH": str(site)})
     record = run.last_record()
-    assert record["vllm"]["version"] == "0.25.1" and record["failed"] == [], record["failed"]
+    assert record["vllm"]["version"] == "0.25.1" and record["problems"] == [], record["problems"]
     assert record["missing"]["cuTensorMapEncodeTiled"] == [
         "vllm._C_stable_libtorch",
         "vllm.third_party.deep_gemm._C",

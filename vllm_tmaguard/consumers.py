@@ -15,7 +15,7 @@ import glob
 import mmap
 import os
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .catalogue import DRIVER_LIBRARY, LAUNCH_EX, PROC_ADDRESS_V2
 from .elf import ElfError, read_elf
@@ -26,8 +26,7 @@ _TRITON_HANDLE_LOOKUP = re.compile(r"defineGetFunctionHandle\(\s*\w+\s*,\s*(cu[A
 _CUDART = re.compile(r"^libcudart(?:-[0-9a-f]+)?\.so\.(\d+)")
 
 
-@dataclass(frozen=True)
-class Consumer:
+class Consumer(NamedTuple):
     name: str  # vllm._C_stable_libtorch, torch.lib.libcaffe2_nvrtc, libcudart.so.13, triton, cuda-python
     kind: str  # vllm-extension, torch-library, cuda-runtime, triton, cuda-python
     path: str | None

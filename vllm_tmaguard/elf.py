@@ -7,7 +7,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
-from dataclasses import dataclass
+from typing import NamedTuple
 
 EM_X86_64 = 62
 EM_AARCH64 = 183
@@ -26,8 +26,7 @@ class ElfError(ValueError):
         super().__init__(f"{path}: {why}")
 
 
-@dataclass(frozen=True)
-class ElfInfo:
+class ElfInfo(NamedTuple):
     path: str
     machine: int
     soname: str | None
@@ -36,8 +35,7 @@ class ElfInfo:
     undefined: frozenset[str]  # strong undefined symbols: the loader fails if none of its scope has them
 
 
-@dataclass(frozen=True)
-class _Layout:
+class _Layout(NamedTuple):
     header: struct.Struct
     section: struct.Struct
     symbol: struct.Struct

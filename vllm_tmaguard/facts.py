@@ -4,20 +4,18 @@ effects on the process (no CUDA context, no load of libcuda.so.1, no call into a
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from .catalogue import DRIVER_LIBRARY, ENCODERS, MARKER
 from .elf import ElfError, ElfInfo, read_elf
 from .gpu import cuda_version_of_driver, read_driver_version
 from .layers import Layer, detect_layers, gather_evidence
 from .loader import LibraryResolution, find_real_driver, read_self_maps, resolve_library
-from .routing_table import table_for
 from .scan_cache import probe_vllm_cached
-from .vllm_probe import VllmFacts, names_listed
+from .vllm_probe import VllmFacts
 
 
-@dataclass(frozen=True)
-class DriverFacts:
+class DriverFacts(NamedTuple):
     resolution: LibraryResolution
     info: ElfInfo | None  # the library answering libcuda.so.1; behind this package's overlay, the layer's
     error: str | None = None  # why that file could not be read
@@ -41,14 +39,13 @@ class DriverFacts:
         return self.overlay_of is not None or (self.info is not None and symbol in self.info.defined)
 
 
-@dataclass(frozen=True)
-class Facts:
+class Facts(NamedTuple):
     driver: DriverFacts
     vllm: VllmFacts
     layers: tuple[Layer, ...]
     trigger: str
-    kernels_listed: frozenset[str] | None = None  # the routing table's names the installed vLLM lists
-    environ: Mapping[str, str] = field(default_factory=dict)  # the user's settings routing merges with
+    kernels_listed: frozenset[str] | None  # the routing table's names the installed vLLM lists
+    environ: Mapping[str, str]  # the user's settings routing merges with
 
 
 def probe_driver(environ: Mapping[str, str], root: str) -> DriverFacts:
@@ -86,8 +83,4 @@ def probe(
     driver = probe_driver(environ, root)
     layers = detect_layers(gather_evidence(root, environ, driver.info), driver.cuda_version)
     vllm = probe_vllm_cached(cache_dir, vllm_dir)
-    listed = None
-    if vllm.package_dir:
-        table, _ = table_for(vllm.version)
-        listed = names_listed(vllm.package_dir, table.listed_in, table.kernels)
-    return Facts(driver, vllm, layers, trigger, listed, dict(environ))
+    return Facts(driver, vllm, layers, trigger, vllm.kernels_listed, dict(environ))

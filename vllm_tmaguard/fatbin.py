@@ -14,7 +14,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .elf import ElfError, section_extent
 
@@ -39,8 +39,7 @@ class FatbinError(ValueError):
         super().__init__(f"{path}: {why}")
 
 
-@dataclass(frozen=True)
-class Entry:
+class Entry(NamedTuple):
     kind: str  # "sass" (an ELF cubin) or "ptx"
     arch: int  # major * 10 + minor: 90, 100, 120
     variant: str  # "", "a" (arch-specific) or "f" (family-specific)
@@ -66,8 +65,7 @@ class Entry:
         return "native" if self.kind == "sass" else "jit"
 
 
-@dataclass(frozen=True)
-class Fatbin:
+class Fatbin(NamedTuple):
     path: str
     entries: tuple[Entry, ...]
     containers: int
@@ -83,8 +81,7 @@ class Fatbin:
         return bool(self.entries) and all(e.variant for e in self.entries)
 
 
-@dataclass(frozen=True)
-class Coverage:
+class Coverage(NamedTuple):
     capability: tuple[int, int]
     native: int  # fat binaries with SASS the device runs
     jit: int  # fat binaries the device can run only by JIT-compiling their PTX

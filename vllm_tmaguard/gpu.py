@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .loader import under_root
 
 
-@dataclass(frozen=True)
-class Gpu:
+class Gpu(NamedTuple):
     index: int
     name: str
     compute_capability: tuple[int, int] | None  # None: a model this package does not know
@@ -29,8 +28,7 @@ class Gpu:
     virtualization: str | None = None  # NVML only: none, pass-through, vgpu, host-vgpu, ...
 
 
-@dataclass(frozen=True)
-class GpuFacts:
+class GpuFacts(NamedTuple):
     gpus: tuple[Gpu, ...] = ()
     driver_version: str | None = None
     cuda_driver_version: int | None = None  # e.g. 12040, derived from driver_version

@@ -12,7 +12,6 @@ import errno
 import os
 import threading
 import time
-from dataclasses import replace
 from typing import Any
 
 from .actions import apply_routing, apply_supply
@@ -141,9 +140,9 @@ def _run(trigger: str) -> Record | None:
 def _written(record: Record, directory: str) -> Record:
     """The record with its file, or with the problem that it could not be written."""
     path = process_record_path(directory, record.pid)
-    with_file = replace(record, record_file=path)
+    with_file = record._replace(record_file=path)
     problem = write_record(with_file.to_json(), directory, record.pid)
-    return with_file if problem is None else replace(record, problems=(*record.problems, problem))
+    return with_file if problem is None else record._replace(problems=(*record.problems, problem))
 
 
 def _stop_if_asked(record: Record, strict: bool) -> None:

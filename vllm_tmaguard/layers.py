@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .catalogue import ENCODERS, OVERLAY_TRIGGERS, PROC_ADDRESS_V2
 from .elf import ElfInfo
@@ -27,8 +27,7 @@ LABELS = {
 }
 
 
-@dataclass(frozen=True)
-class Layer:
+class Layer(NamedTuple):
     name: str  # a key of LABELS
     evidence: tuple[str, ...]
     forwards_to_local_driver: bool = True  # False: no local real driver to forward to (network GPU)
@@ -38,8 +37,7 @@ class Layer:
         return LABELS[self.name]
 
 
-@dataclass(frozen=True)
-class PodEvidence:
+class PodEvidence(NamedTuple):
     """Everything the fingerprints look at, gathered once (side effects stay in the probe)."""
 
     existing_paths: frozenset[str]  # which of FINGERPRINT_PATHS exist (paths as inside the pod)

@@ -22,7 +22,7 @@ import os
 import re
 import struct
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .catalogue import DRIVER_LIBRARY, ENCODERS, MARKER
 from .elf import ElfError, ElfInfo, native_machine, read_elf
@@ -35,8 +35,7 @@ _CACHE_ARCH_FLAGS = {"x86_64": 0x0300, "aarch64": 0x0A00}
 _DEFAULT_DIRS = {"x86_64": ("/lib64", "/usr/lib64"), "aarch64": ("/lib64", "/usr/lib64")}
 
 
-@dataclass(frozen=True)
-class LibraryResolution:
+class LibraryResolution(NamedTuple):
     name: str
     path: str | None  # the file the loader gives (or gave) for `name`; None: not found
     how: str  # "mapped", "LD_LIBRARY_PATH", "ld.so.cache", "default directories", "not found"

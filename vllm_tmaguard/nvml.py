@@ -111,7 +111,9 @@ def probe_with_nvml(library: str = "libnvidia-ml.so.1") -> GpuFacts:
             )
         driver = _optional(nvml.driver_version)
         return GpuFacts(
-            gpus=tuple(gpus), driver_version=driver, cuda_driver_version=cuda_version_of_driver(driver),
+            gpus=tuple(gpus),
+            driver_version=driver,
+            cuda_driver_version=cuda_version_of_driver(driver),
             source="nvml",
         )
     except (NvmlError, AttributeError) as error:

@@ -4,8 +4,7 @@ back."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 # Problem codes: stable identifiers the doctor and tests match on (docs/design.md §4).
 DRIVER_MISSING = "driver-missing"  # no libcuda.so.1 at all
@@ -25,8 +24,7 @@ ROUTING_OVERRIDE = "routing-override"  # a user setting the guard had to overrid
 ROUTING_IMPOSSIBLE = "routing-impossible"  # the user insists on what cannot be had (stops start-up)
 
 
-@dataclass(frozen=True)
-class Problem:
+class Problem(NamedTuple):
     code: str
     cause: str  # what is wrong
     consequence: str  # what fails because of it
@@ -35,7 +33,7 @@ class Problem:
     subject: str | None = None  # the variable, file or module concerned
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return self._asdict()
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Problem:
@@ -49,8 +47,7 @@ SET_ENV = "set-env"
 BLOCK_IMPORT = "block-import"
 
 
-@dataclass(frozen=True)
-class Action:
+class Action(NamedTuple):
     kind: str
     target: str  # the library ("overlay", a shim's name), the variable, or the module
     value: str | None = None  # the variable's value, or the library's file
@@ -58,7 +55,7 @@ class Action:
     in_memory: bool = False  # the overlay's file is an anonymous memfd (no private directory for it)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return self._asdict()
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Action:

@@ -9,8 +9,7 @@ import logging
 import os
 import sys
 import time
-from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import __version__
 from . import outcomes as codes
@@ -35,8 +34,7 @@ DEGRADED = "degraded"  # something stays broken (see problems)
 NO_VLLM = "no-vllm"
 
 
-@dataclass(frozen=True)
-class Record:
+class Record(NamedTuple):
     pid: int
     time: str
     trigger: str
@@ -46,15 +44,15 @@ class Record:
     libcuda: dict[str, Any]
     gpu: dict[str, Any]
     vllm: dict[str, Any]
-    lacking: tuple[str, ...] = ()
-    missing: dict[str, list[str]] = field(default_factory=dict)  # vLLM's needs libcuda.so.1 lacks
-    supplied: dict[str, str] = field(default_factory=dict)  # symbol -> library
-    encoder: dict[str, Any] | None = None  # reachable, reason
-    tma: dict[str, Any] | None = None  # usable, reason
-    routing: dict[str, Any] | None = None
-    actions: tuple[Action, ...] = ()
-    problems: tuple[Problem, ...] = ()
-    timings_ms: dict[str, float] = field(default_factory=dict)
+    lacking: tuple[str, ...]
+    missing: dict[str, list[str]]  # vLLM's needs libcuda.so.1 lacks
+    supplied: dict[str, str]  # symbol -> library
+    encoder: dict[str, Any] | None  # reachable, reason
+    tma: dict[str, Any] | None  # usable, reason
+    routing: dict[str, Any] | None
+    actions: tuple[Action, ...]
+    problems: tuple[Problem, ...]
+    timings_ms: dict[str, float]
     elapsed_ms: float = 0.0
     record_file: str | None = None
     forked_from: int | None = None
@@ -143,8 +141,7 @@ class Record:
 
     def forked(self, trigger: str) -> Record:
         """This record as a forked child's: it inherited the parent's libraries and knobs."""
-        return replace(
-            self,
+        return self._replace(
             pid=os.getpid(),
             time=now(),
             trigger=f"{trigger} (forked from pid {self.pid}: inherits its libraries and knobs)",

@@ -4,7 +4,7 @@ the installed vLLM's table, the GPUs, whether a real encoder is reachable, and t
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .outcomes import ROUTING_IMPOSSIBLE, ROUTING_OVERRIDE, Problem
 from .routing_table import (
@@ -22,8 +22,7 @@ from .routing_table import (
 DISABLED_KERNELS = "VLLM_DISABLED_KERNELS"
 
 
-@dataclass(frozen=True)
-class RoutingInputs:
+class RoutingInputs(NamedTuple):
     table: VersionTable
     version_note: str | None
     vllm_version: str | None
@@ -38,15 +37,13 @@ class RoutingInputs:
     environ: Mapping[str, str]
 
 
-@dataclass(frozen=True)
-class FamilyRoute:
+class FamilyRoute(NamedTuple):
     family: str
     path: str  # the path vLLM will take
     why: str
 
 
-@dataclass(frozen=True)
-class Override:
+class Override(NamedTuple):
     """A user setting the guard replaced."""
 
     variable: str
@@ -55,8 +52,7 @@ class Override:
     why: str
 
 
-@dataclass(frozen=True)
-class Routing:
+class Routing(NamedTuple):
     env: dict[str, str]  # variables to set, with their final values
     block_modules: tuple[str, ...]  # extension modules to make unimportable (vLLM then falls back itself)
     disabled: tuple[tuple[str, str], ...]  # (kernel class, why)
@@ -242,14 +238,12 @@ def _families(
 MIN_TMA_CUDA_DRIVER = 12000  # TMA descriptors arrived with CUDA 12.0
 
 
-@dataclass(frozen=True)
-class TmaVerdict:
+class TmaVerdict(NamedTuple):
     usable: bool
     reason: str
 
 
-@dataclass(frozen=True)
-class RoutePlan:
+class RoutePlan(NamedTuple):
     tma: TmaVerdict
     routing: Routing
     problems: tuple[Problem, ...]  # the user settings overridden, or insisted on and impossible

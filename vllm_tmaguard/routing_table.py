@@ -8,7 +8,7 @@ selector file does not list is reported as stale knowledge."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 MIXED_PRECISION, SCALED_MM, MOE, ATTENTION = "mixed-precision linear", "FP8/INT8 linear", "MoE", "attention"
 # The TMA classes vLLM's mixed-precision selector tries on sm_90, in its order, and their names in the record.
@@ -17,8 +17,7 @@ MIXED_PRECISION_TMA = (("MacheteLinearKernel", "Machete"), ("HummingLinearKernel
 SCALED_MM_CUTLASS = "CutlassFP8ScaledMMLinearKernel"
 
 
-@dataclass(frozen=True)
-class Kernel:
+class Kernel(NamedTuple):
     name: str  # the class name VLLM_DISABLED_KERNELS takes
     family: str
     tma_majors: frozenset[int]  # compute-capability majors where its kernels use TMA (need a real encoder)
@@ -45,8 +44,7 @@ KERNELS = {
 }
 
 
-@dataclass(frozen=True)
-class VersionTable:
+class VersionTable(NamedTuple):
     since: str  # first vLLM version this table was read from; it applies up to the next table
     read_from: str
     listed_in: tuple[str, ...]  # selector files (relative to the vllm package) listing every kernel below

@@ -11,7 +11,7 @@ import os
 from .atomic import write_atomically
 from .vllm_probe import Extension, VllmFacts, extension_modules, find_package_dir, probe_vllm
 
-_FORMAT = 2  # 2: only the extensions this interpreter can load (vllm_probe.loadable_here)
+_FORMAT = 3  # 2: only the extensions this interpreter can load (vllm_probe.loadable_here); 3: kernels listed
 
 
 def _signature(paths: list[str]) -> list[list[int]] | None:
@@ -51,6 +51,7 @@ def load(cache_dir: str, package_dir: str) -> VllmFacts | None:
             extensions,
             cached["platform_plugins"],
             tuple(cached["imported_at_platform_load"]),
+            None if cached["kernels_listed"] is None else frozenset(cached["kernels_listed"]),
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -76,6 +77,7 @@ def store(cache_dir: str, facts: VllmFacts, all_extensions: list[str]) -> None:
         "other_extensions": others,
         "platform_plugins": facts.platform_plugins,
         "imported_at_platform_load": list(facts.imported_at_platform_load),
+        "kernels_listed": None if facts.kernels_listed is None else sorted(facts.kernels_listed),
     }
     try:
         os.makedirs(cache_dir, mode=0o700, exist_ok=True)

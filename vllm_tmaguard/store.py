@@ -7,8 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from .atomic import write_atomically
 from .outcomes import RECORD_DIR_REFUSED, RECORD_NOT_WRITTEN, Problem
@@ -18,8 +17,7 @@ from .trust import private_dir
 PROCESS_RECORDS_KEPT = 64  # per-process records kept in the record directory, newest first
 
 
-@dataclass(frozen=True)
-class RecordDir:
+class RecordDir(NamedTuple):
     path: str | None  # None: no private directory could be had
     asked: str  # TMAGUARD_RECORD_DIR as set (or the default)
     refused: str | None = None  # why `asked` was refused

@@ -6,7 +6,7 @@ broken (docs/design.md §2)."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .catalogue import ENCODERS, HANDLE_SCOPED, LAUNCH_EX, OVERLAY_TRIGGERS, SHIM_SYMBOLS
 from .facts import Facts
@@ -28,23 +28,20 @@ COMPLETE = "complete"  # libcuda.so.1 has everything
 LACKING = "lacking"  # libcuda.so.1 lacks entry points (supplied or not: see supplies and problems)
 
 
-@dataclass(frozen=True)
-class Supply:
+class Supply(NamedTuple):
     library: str  # "overlay", or a shim library of catalogue.SHIM_FILES
     symbols: tuple[str, ...]  # the lacking names it answers
     fallback: tuple[str, ...] = ()  # overlay: the shims to load if the overlay cannot be loaded
 
 
-@dataclass(frozen=True)
-class Reach:
+class Reach(NamedTuple):
     """Whether a real cuTensorMapEncodeTiled is reachable in this process, and from where."""
 
     reachable: bool
     reason: str
 
 
-@dataclass(frozen=True)
-class SupplyPlan:
+class SupplyPlan(NamedTuple):
     status: str
     layer: Layer | None  # the layer that owns libcuda.so.1, if any
     lacking: tuple[str, ...] = ()  # what libcuda.so.1 lacks: vLLM's needs, then the overlay's triggers

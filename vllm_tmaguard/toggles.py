@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from typing import NamedTuple
 
 from .outcomes import TOGGLE_INVALID, TOGGLE_UNKNOWN, Problem
 
 
-@dataclass(frozen=True)
-class ToggleSpec:
+class ToggleSpec(NamedTuple):
     name: str
     allowed: tuple[str, ...]  # empty: free-form (described by `kind`)
     default: str
@@ -87,8 +86,7 @@ class ToggleError(ValueError):
         super().__init__(f"{name}={value!r} is not valid; allowed: {allowed}")
 
 
-@dataclass(frozen=True)
-class Toggles:
+class Toggles(NamedTuple):
     mode: str = "auto"
     strict: bool = False
     gemm: str = "auto"
@@ -186,7 +184,7 @@ def read_toggles(environ: Mapping[str, str]) -> tuple[Toggles, tuple[Problem, ..
 
 
 def _defaults() -> dict[str, object]:
-    defaults = {f.name: f.default for f in fields(Toggles)}
+    defaults: dict[str, object] = dict(Toggles._field_defaults)
     defaults["record_dir"] = default_record_dir()
     return defaults
 

@@ -8,10 +8,11 @@ import importlib.machinery
 import os
 import re
 import sys
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .catalogue import DRIVER_LIBRARY
 from .elf import ElfError, read_elf
+from .routing_table import table_for
 
 _VERSION = re.compile(r"""^(?:__version__|version)\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", re.M)
 _RECORD_EXTENSION = re.compile(r"^(vllm/[^,]*\.so),", re.M)
@@ -24,22 +25,21 @@ _ABI_TAGGED = re.compile(r"\.(?:cpython|pypy)[^./]*\.so$")
 _OWN_ABI_SUFFIXES = tuple(s for s in importlib.machinery.EXTENSION_SUFFIXES if _ABI_TAGGED.search(s))
 
 
-@dataclass(frozen=True)
-class Extension:
+class Extension(NamedTuple):
     module: str  # e.g. "vllm._C_stable_libtorch"
     path: str
     driver_symbols: frozenset[str]  # strong undefined cu* symbols, resolved from libcuda.so.1
     error: str | None = None  # the file could not be read
 
 
-@dataclass(frozen=True)
-class VllmFacts:
+class VllmFacts(NamedTuple):
     found: bool
     version: str | None = None
     package_dir: str | None = None
     extensions: tuple[Extension, ...] = ()
     platform_plugins: bool = False  # has the vllm.platform_plugins entry-point group
     imported_at_platform_load: tuple[str, ...] = ()  # extensions platforms/cuda.py imports at module level
+    kernels_listed: frozenset[str] | None = None  # the routing table's kernel names this vLLM's sources list
 
     def needs(self) -> dict[str, tuple[str, ...]]:
         """Each driver symbol the extensions need, with the modules that need it."""
@@ -168,4 +168,10 @@ def probe_vllm(package_dir: str | None = None) -> VllmFacts:
         extensions=extensions,
         platform_plugins=any(name in plugins_text for name in _PLUGINS_GROUP),
         imported_at_platform_load=tuple(dict.fromkeys(_MODULE_IMPORT.findall(cuda_text))),
+        kernels_listed=_kernels_listed(package_dir, version),
     )
+
+
+def _kernels_listed(package_dir: str, version: str | None) -> frozenset[str] | None:
+    table, _ = table_for(version)
+    return names_listed(package_dir, table.listed_in, table.kernels)
