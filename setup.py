@@ -39,7 +39,10 @@ def library(name: str, groups: list[str], defines: list[str], soname: str) -> Ex
 
 def overlay() -> Extension:
     ext = library(
-        "libtmaguard_overlay", ["entry_points", "proc_address", "launch_ex"], ["TMAGUARD_OVERLAY"], "libcuda.so.1"
+        "libtmaguard_overlay",
+        ["entry_points", "proc_address", "launch_ex"],
+        ["TMAGUARD_OVERLAY"],
+        "libcuda.so.1",
     )
     ext.define_macros.append(("TMAGUARD_LAYER_PLACEHOLDER", f'"{PLACEHOLDER}"'))
     # The placeholder as an optional filter (DT_AUXILIARY), not DT_NEEDED: the file as shipped needs nothing

@@ -13,6 +13,14 @@ import pytest
 from podkit import DEFAULT_BUILD_DIR, Pod, build_pod, build_standins, child_environ, guard_lines
 from releasekit import Release, build_release
 
+UNIT_TESTS = Path(__file__).resolve().parent / "unit"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """`-m unit`: the pure steps (tests/unit, seconds); `-m pod`: everything that runs emulated pods."""
+    for item in items:
+        item.add_marker(pytest.mark.unit if item.path.is_relative_to(UNIT_TESTS) else pytest.mark.pod)
+
 
 @dataclass(frozen=True)
 class Run:

@@ -24,12 +24,13 @@ CSRC = TESTS_DIR / "csrc"
 DEFAULT_BUILD_DIR = TESTS_DIR / ".build"
 
 KINDS = ("bare", "vcuda", "vcuda-v105", "vcuda-fork", "hami", "lupine", "nogpu")
-# tkestack vCUDA master, its release v1.0.5, and a fork with the CUDA 12 entry points (tests/csrc/standin_layer.c).
+# tkestack vCUDA master, its release v1.0.5, and a fork with the CUDA 12 entry points
+# (tests/csrc/standin_layer.c).
 VCUDA_KINDS = ("vcuda", "vcuda-v105", "vcuda-fork")
 # The vCUDA layer's memory quota in the emulated pods, unless a test asks for another.
 VCUDA_QUOTA = 20 << 30
-# A model name per compute capability: the guard reads the name from /proc/driver/nvidia (vllm_tmaguard/gpu.py)
-# and vLLM asks the stand-in NVML; both must see the same GPU.
+# A model name per compute capability: the guard reads the name from /proc/driver/nvidia
+# (vllm_tmaguard/gpu.py) and vLLM asks the stand-in NVML; both must see the same GPU.
 GPU_OF_CAPABILITY = {
     "7.5": "Tesla T4",
     "8.0": "NVIDIA A100-SXM4-80GB",
@@ -365,7 +366,11 @@ def build_pod(
         _install(libs[layer[kind]], control)
         # vCUDA's device plugin hard-links libcuda-control.so as the driver and NVML libraries; the real
         # ones stay beside it under their versioned names (the layer opens libcuda.so.<driver version>).
-        for name in ("libcuda.so.1", "libcuda.so", *(("libnvidia-ml.so.1", "libnvidia-ml.so") if nvml_is_layer else ())):
+        for name in (
+            "libcuda.so.1",
+            "libcuda.so",
+            *(("libnvidia-ml.so.1", "libnvidia-ml.so") if nvml_is_layer else ()),
+        ):
             os.link(control, lib_dir / name)
         _install(libs["nvml"], lib_dir / f"libnvidia-ml.so.{driver}")
         if vcuda_config:

@@ -26,8 +26,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vllm_tmaguard.elf import ElfError, read_elf, section_extent
 from vllm_tmaguard.catalogue import shim_path
+from vllm_tmaguard.elf import ElfError, read_elf, section_extent
 from vllm_tmaguard.loader import read_ld_so_cache
 
 ELF_EXAMPLES = 10_000

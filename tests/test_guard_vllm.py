@@ -217,7 +217,10 @@ def test_strict_mode_spelt_as_a_mode_gets_a_hint(pods, run_python) -> None:
 def test_bad_toggle_in_strict_mode_stops_start_up(pods, run_python) -> None:
     run = run_python(pods("vcuda"), RESOLVE_PLATFORM, {"TMAGUARD_LOG_FORMAT": "xml", "TMAGUARD_STRICT": "1"})
     assert run.returncode == 1 and "RESULT" not in run.stdout
-    assert "stopped start-up: TMAGUARD_LOG_FORMAT='xml' is not valid" in run.stderr and "text | json" in run.stderr
+    assert (
+        "stopped start-up: TMAGUARD_LOG_FORMAT='xml' is not valid" in run.stderr
+        and "text | json" in run.stderr
+    )
 
 
 def test_unfixable_problem_warns_or_stops_in_strict_mode(pods, run_python) -> None:

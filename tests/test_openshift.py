@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from faultkit import RESOLVE, Result
 from podkit import Pod, build_pod, scrubbed_environ
+
 from vllm_tmaguard.catalogue import OVERLAY_FILE
 
 GUARD_DIR = Path(__import__("vllm_tmaguard").__file__).parent
@@ -74,7 +75,10 @@ def test_a_library_more_writable_than_the_package_is_refused(image: tuple[Path, 
         why = f"{library} is writable by group 1234 (mode 0775), which this package's own code is not"
     run, record = run_as_arbitrary_user(image)
     (problem,) = record["problems"]
-    assert (problem["code"], problem["cause"]) == ("overlay-failed", f"could not load the overlay: refused: {why}")
+    assert (problem["code"], problem["cause"]) == (
+        "overlay-failed",
+        f"could not load the overlay: refused: {why}",
+    )
     # The shims are as writable as the code, so they load and vLLM starts.
     assert [(a["kind"], a["target"]) for a in record["actions"]][:1] == [("load-shim", "encoders")]
     assert run.outcome == {"platform": "NvmlCudaPlatform"} and "could not load the overlay" in run.line()

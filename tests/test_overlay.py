@@ -39,7 +39,8 @@ def look(name, flags=0, version=13000):
     return result, status.value, fn.value
 # cudart asks for its private export tables before cuInit: the layer's table is still empty then.
 table = ctypes.c_void_p()
-export = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)(look("cuGetExportTable")[2])
+export_type = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)
+export = export_type(look("cuGetExportTable")[2])
 out["export_table_before_init"] = export(ctypes.byref(table), None)
 out["init"] = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_uint)(look("cuInit")[2])(0)
 alloc = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(c_size), c_size)(look("cuMemAlloc")[2])
@@ -50,9 +51,12 @@ info = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(c_size), ctypes.POINTER(c_s
 free, total = c_size(), c_size()
 out["mem_get_info"] = [info(ctypes.byref(free), ctypes.byref(total)), free.value, total.value]
 launch = ctypes.CFUNCTYPE(ctypes.c_int, *[ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3)
-out["launch_per_thread"] = launch(look("cuLaunchKernel", flags=2)[2])(None, 1, 1, 1, 1, 1, 1, 0, None, None, None)
-out["newer_than_the_layer"] = {n: look(n)[:2] for n in ("cuLibraryLoadData", "cuKernelGetFunction", "cuCtxCreate")}
-out["raw_table"] = {n: hasattr(cuda, n) for n in ("cuLibraryLoadData", "cuStreamWaitValue32", "cuCtxCreate_v4")}
+per_thread = launch(look("cuLaunchKernel", flags=2)[2])
+out["launch_per_thread"] = per_thread(None, 1, 1, 1, 1, 1, 1, 0, None, None, None)
+newer = ("cuLibraryLoadData", "cuKernelGetFunction", "cuCtxCreate")
+out["newer_than_the_layer"] = {n: look(n)[:2] for n in newer}
+raw = ("cuLibraryLoadData", "cuStreamWaitValue32", "cuCtxCreate_v4")
+out["raw_table"] = {n: hasattr(cuda, n) for n in raw}
 # Triton: cuLaunchKernelEx from the same handle, a plain launch and a cluster launch.
 class Attr(ctypes.Structure):
     _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_uint * 16)]
@@ -155,7 +159,9 @@ def test_without_the_overlay_the_runtimes_lookup_is_missing(pods, run_python, ki
 
 
 # The guard as a vLLM process runs it, without vLLM or torch (both touch the driver at import).
-GUARD_ALONE = "from vllm_tmaguard.guard import activate\nprint('RESULT ' + str(len(activate('test')['actions'])))"
+GUARD_ALONE = (
+    "from vllm_tmaguard.guard import activate\nprint('RESULT ' + str(len(activate('test')['actions'])))"
+)
 
 
 def test_the_guard_initialises_no_layer(pods, run_python) -> None:
@@ -187,7 +193,9 @@ def test_libcuda_loaded_first_falls_back_to_the_shims_and_says_how_to_fix(pods, 
     assert record["supplied"] == {"cuTensorMapEncodeTiled": "encoders", "cuGetProcAddress_v2": "proc-address"}
     gaps = [p for p in record["problems"] if p["code"] == "handle-scoped-gap"]
     assert {p["symbol"] for p in gaps} == {"cuGetProcAddress_v2", "cuLaunchKernelEx"}
-    assert all("was already loaded when the guard ran" in p["cause"] and "tmaguard env" in p["fix"] for p in gaps)
+    assert all(
+        "was already loaded when the guard ran" in p["cause"] and "tmaguard env" in p["fix"] for p in gaps
+    )
 
 
 def test_a_refused_record_directory_is_said_and_the_default_one_used(pods, run_python) -> None:
@@ -195,7 +203,7 @@ def test_a_refused_record_directory_is_said_and_the_default_one_used(pods, run_p
     assert run.result["init"] == 0
     (line,) = run.guard_lines()
     assert "overlay loaded;" in line and "WARNING" in line
-    assert "PROBLEM: TMAGUARD_RECORD_DIR=/proc/tmaguard-cannot-write-here is refused: cannot create" in line
+    assert "PROBLEM: TMAGUARD_RECORD_DIR is refused: cannot create /proc/tmaguard-cannot-write-here" in line
     assert "fix: point TMAGUARD_RECORD_DIR at a directory only this user can enter (0700)" in line
     default = Path(f"/tmp/tmaguard-{os.getuid()}")
     record = json.loads((default / "last.json").read_text())
@@ -267,7 +275,9 @@ def test_the_overlay_is_named_libcuda_carries_every_driver_symbol_and_needs_the_
     from vllm_tmaguard.overlay import PLACEHOLDER, overlay_image
 
     layer = "/usr/local/nvidia/lib64/libcuda.so.1"
-    shipped = subprocess.run(["readelf", "-d", overlay_path()], capture_output=True, text=True, check=True).stdout
+    shipped = subprocess.run(
+        ["readelf", "-d", overlay_path()], capture_output=True, text=True, check=True
+    ).stdout
     assert f"Auxiliary library: [{PLACEHOLDER.decode()}]" in shipped, shipped
     assert "Library soname: [libcuda.so.1]" in shipped and "Shared library: [/" not in shipped
     written = tmp_path / "libcuda.so.1"
@@ -281,9 +291,16 @@ def test_the_overlay_is_named_libcuda_carries_every_driver_symbol_and_needs_the_
     import vllm_tmaguard
 
     catalogue = Path(vllm_tmaguard.__file__).parent / "csrc" / "driver_symbols.h"
-    listed = {line.split(", ")[1].split(")")[0] for line in catalogue.read_text().splitlines() if "    X(" in line}
+    listed = {
+        line.split(", ")[1].split(")")[0] for line in catalogue.read_text().splitlines() if "    X(" in line
+    }
     assert exported == listed and len(listed) > 600
-    assert {"cuTensorMapEncodeTiled", "cuGetProcAddress_v2", "cuLaunchKernelEx", "cuLibraryLoadData"} <= exported
+    assert {
+        "cuTensorMapEncodeTiled",
+        "cuGetProcAddress_v2",
+        "cuLaunchKernelEx",
+        "cuLibraryLoadData",
+    } <= exported
 
 
 def test_env_command_prints_the_recipe_and_installs(pods, tmp_path) -> None:
@@ -296,6 +313,10 @@ def test_env_command_prints_the_recipe_and_installs(pods, tmp_path) -> None:
     done = subprocess.run(
         [*tmaguard, "--install-dir", str(tmp_path / "o")], env=env, capture_output=True, text=True, check=True
     )
-    assert (tmp_path / "o" / "libcuda.so.1").exists() and f"installed {tmp_path}/o/libcuda.so.1" in done.stdout
-    bare = subprocess.run(tmaguard, env={**pods("bare").environ()}, capture_output=True, text=True, check=True)
+    assert (
+        tmp_path / "o" / "libcuda.so.1"
+    ).exists() and f"installed {tmp_path}/o/libcuda.so.1" in done.stdout
+    bare = subprocess.run(
+        tmaguard, env={**pods("bare").environ()}, capture_output=True, text=True, check=True
+    )
     assert "exports every entry point the overlay would add: nothing to do" in bare.stdout

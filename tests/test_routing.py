@@ -1,5 +1,5 @@
-"""Routing through vLLM's own knobs, checked with vLLM 0.32.0's real kernel selectors in fresh processes,
-plus the pure routing function as a table of scenarios."""
+"""Routing through vLLM's own knobs, checked with vLLM 0.32.0's real kernel selectors in fresh processes
+(the pure routing function's own table: tests/unit/test_routing_plan.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from vllm_tmaguard.routing import RoutingInputs, route
 from vllm_tmaguard.routing_table import KERNELS, TABLES, table_for
 
 SELECTORS = (Path(__file__).parent / "versions" / "probe.py").read_text()  # vLLM's real selectors
@@ -132,75 +131,3 @@ def test_table_matches_vllm_0_32_class_names(pods, run_python) -> None:
     run = run_python(pods("bare"), code)
     assert run.result == dict.fromkeys(table.kernels, True)
     assert run.last_record()["routing"]["stale"] == []
-
-
-# The pure function, as a table of scenarios.
-def _inputs(**overrides) -> RoutingInputs:
-    base = dict(
-        table=TABLES[-1],
-        version_note=None,
-        vllm_version="0.32.0",
-        capabilities=frozenset({(9, 0)}),
-        encoder_reachable=True,
-        encoder_reason="exported",
-        tma_usable=True,
-        tma_reason="exported",
-        launch_ex=True,
-        gemm="auto",
-        listed=frozenset(TABLES[-1].kernels),
-        environ={},
-    )
-    base.update(overrides)
-    return RoutingInputs(**base)
-
-
-def test_old_vllm_without_exact_gate_disables_machete_on_blackwell() -> None:
-    table, _ = table_for("0.6.6.post1")
-    routing = route(
-        _inputs(
-            table=table,
-            vllm_version="0.6.6.post1",
-            capabilities=frozenset({(12, 0)}),
-            listed=frozenset(table.kernels),
-        )
-    )
-    assert routing.env == {"VLLM_DISABLED_KERNELS": "MacheteLinearKernel"}
-    assert "does not limit it to compute capability 9.0" in routing.disabled[0][1]
-
-
-def test_unknown_gpu_and_no_encoder_routes_conservatively() -> None:
-    routing = route(_inputs(capabilities=frozenset(), encoder_reachable=False, tma_usable=False))
-    assert "MacheteLinearKernel" in routing.env["VLLM_DISABLED_KERNELS"]
-    assert "vllm.vllm_flash_attn._vllm_fa3_C" in routing.block_modules
-
-
-def test_humming_is_disabled_where_cuLaunchKernelEx_is_missing() -> None:
-    routing = route(_inputs(launch_ex=False))
-    assert routing.env == {
-        "VLLM_DISABLED_KERNELS": ",".join(
-            ["HummingLinearKernel", "HummingFP8ScaledMMLinearKernel", "HummingInt8ScaledMMLinearKernel"]
-        )
-    }
-
-
-def test_old_vllm_flash_attn_env_is_overridden() -> None:
-    table, _ = table_for("0.10.2")
-    routing = route(
-        _inputs(
-            table=table,
-            encoder_reachable=False,
-            tma_usable=False,
-            environ={"VLLM_FLASH_ATTN_VERSION": "3"},
-            listed=frozenset(table.kernels),
-        )
-    )
-    assert routing.env["VLLM_FLASH_ATTN_VERSION"] == "2"
-    (override,) = routing.overrides
-    assert (override.variable, override.was, override.now) == ("VLLM_FLASH_ATTN_VERSION", "3", "2")
-
-
-def test_stale_names_and_unread_versions_are_reported_not_fatal() -> None:
-    routing = route(_inputs(listed=frozenset({"MacheteLinearKernel"}), version_note="vLLM 0.40.0 is newer"))
-    assert routing.stale[0] == "vLLM 0.40.0 is newer"
-    assert any(s.startswith("CutlassW4A8LinearKernel is not listed") for s in routing.stale)
-    assert table_for("0.40.0")[1] and table_for("0.5.0")[1] and table_for(None)[1]

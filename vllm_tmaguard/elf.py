@@ -21,8 +21,8 @@ _SHN_UNDEF = 0
 class ElfError(ValueError):
     """The file is not an ELF shared object this reader can make sense of."""
 
-    def __init__(self, path: str, why: str) -> None:
-        self.path, self.why = path, why
+    def __init__(self, path: str, why: str, errno: int | None = None) -> None:
+        self.path, self.why, self.errno = path, why, errno  # errno: the OSError's, when opening failed
         super().__init__(f"{path}: {why}")
 
 
@@ -85,7 +85,7 @@ def read_elf(path: str, prefixes: tuple[bytes, ...] | None = None, symbols: bool
             with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as image:
                 return _parse(path, image, size, prefixes, symbols)
     except OSError as error:
-        raise ElfError(path, error.strerror or str(error)) from error
+        raise ElfError(path, error.strerror or str(error), error.errno) from error
     except (struct.error, IndexError, OverflowError, ValueError) as error:
         if isinstance(error, ElfError):
             raise

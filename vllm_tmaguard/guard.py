@@ -8,7 +8,6 @@ guard logs one line and gets out of the way, unless strict mode asks it to stop 
 
 from __future__ import annotations
 
-import errno
 import os
 import threading
 import time
@@ -25,7 +24,6 @@ from .supply import plan_supply
 from .toggles import read_toggles
 from .trust import probe_root_problem
 
-_MISSING = os.strerror(errno.ENOENT)  # elf.ElfError's reason for a file that is not there
 _lock = threading.Lock()
 _activated = False
 _record: Record | None = None
@@ -180,5 +178,5 @@ def _probe_problems(facts: Facts) -> tuple[Problem, ...]:
             subject=e.path,
         )
         for e in facts.vllm.extensions
-        if e.error and e.error != _MISSING
+        if e.error and not e.absent
     )

@@ -11,7 +11,8 @@ import os
 from .atomic import write_atomically
 from .vllm_probe import Extension, VllmFacts, extension_modules, find_package_dir, probe_vllm
 
-_FORMAT = 3  # 2: only the extensions this interpreter can load (vllm_probe.loadable_here); 3: kernels listed
+# 2: only the extensions this interpreter can load (vllm_probe.loadable_here); 3: kernels listed, absent files
+_FORMAT = 3
 
 
 def _signature(paths: list[str]) -> list[list[int]] | None:
@@ -41,7 +42,7 @@ def load(cache_dir: str, package_dir: str) -> VllmFacts | None:
         if _signature(_watched(package_dir, paths)) != cached["signature"]:
             return None
         extensions = tuple(
-            Extension(e["module"], e["path"], frozenset(e["driver_symbols"]), e["error"])
+            Extension(e["module"], e["path"], frozenset(e["driver_symbols"]), e["error"], e["absent"])
             for e in cached["extensions"]
         )
         return VllmFacts(
@@ -71,7 +72,13 @@ def store(cache_dir: str, facts: VllmFacts, all_extensions: list[str]) -> None:
         "version": facts.version,
         "signature": signature,
         "extensions": [
-            {"module": e.module, "path": e.path, "driver_symbols": sorted(e.driver_symbols), "error": e.error}
+            {
+                "module": e.module,
+                "path": e.path,
+                "driver_symbols": sorted(e.driver_symbols),
+                "error": e.error,
+                "absent": e.absent,
+            }
             for e in facts.extensions
         ],
         "other_extensions": others,

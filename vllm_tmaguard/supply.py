@@ -85,7 +85,7 @@ def _overlay_blocker(facts: Facts, toggles: Toggles) -> str | None:
     if toggles.overlay == "off":
         return "TMAGUARD_OVERLAY=off"
     if facts.driver.resolution.how == "mapped":
-        return f"libcuda.so.1 ({facts.driver.path}) was already loaded when the guard ran"
+        return "libcuda.so.1 was already loaded when the guard ran"
     return None
 
 
@@ -143,10 +143,11 @@ def plan_supply(facts: Facts, toggles: Toggles) -> SupplyPlan:
         problems += [
             Problem(
                 HANDLE_SCOPED_GAP,
-                cause=f"{symbol} is missing from libcuda.so.1's own handle and {blocker}",
+                cause=f"{blocker}, so the overlay cannot stand in: its own handle lacks {symbol}",
                 consequence=f"{why}, and a global shim cannot answer that",
                 fix="put the overlay first on LD_LIBRARY_PATH from the manifest: see `tmaguard env`",
                 symbol=symbol,
+                subject=facts.driver.path,
             )
             for symbol, why in HANDLE_SCOPED.items()
             if symbol in triggers

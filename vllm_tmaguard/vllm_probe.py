@@ -3,6 +3,7 @@ CUDA driver entry points each one needs from libcuda.so.1."""
 
 from __future__ import annotations
 
+import errno
 import functools
 import importlib.machinery
 import os
@@ -30,6 +31,7 @@ class Extension(NamedTuple):
     path: str
     driver_symbols: frozenset[str]  # strong undefined cu* symbols, resolved from libcuda.so.1
     error: str | None = None  # the file could not be read
+    absent: bool = False  # the file is not there (the wheel lists it, the image lacks it)
 
 
 class VllmFacts(NamedTuple):
@@ -131,7 +133,7 @@ def scan_extension(package_dir: str, path: str) -> Extension | None:
     try:
         info = read_elf(path, prefixes=(b"cu",))
     except ElfError as error:
-        return Extension(module, path, frozenset(), error=error.why)
+        return Extension(module, path, frozenset(), error.why, error.errno == errno.ENOENT)
     if DRIVER_LIBRARY not in info.needed:
         return None
     symbols = frozenset(s for s in info.undefined if _DRIVER_SYMBOL.match(s))

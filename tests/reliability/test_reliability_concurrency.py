@@ -150,7 +150,7 @@ def test_concurrent_vllm_processes_share_the_record_directory(pods, tmp_path: Pa
     last = json.loads((records / "last.json").read_text())
     assert last["pid"] in pids
     (scan,) = records.glob("vllm-scan-*.json")
-    assert json.loads(scan.read_text())["format"] == 2
+    assert json.loads(scan.read_text())["format"] == 3
     (overlay_dir,) = records.glob("overlay-*")
     assert [p.name for p in overlay_dir.iterdir()] == ["libcuda.so.1"]
     layer = pod.lib_dir / "libcuda.so.1"

@@ -112,7 +112,9 @@ def test_vllm_extension_damaged(pods, tmp_path: Path, damage: str) -> None:
     extension.unlink()
     extension.write_bytes(os.urandom(65536) if damage == "garbage" else b"")
     extension.chmod(0o000 if damage == "unreadable" else 0o755)
-    runs = run_modes(pods("vcuda", nvml_is_layer=False), tmp_path / "runs", {"PYTHONPATH": str(site)}, prefix=prefix)
+    runs = run_modes(
+        pods("vcuda", nvml_is_layer=False), tmp_path / "runs", {"PYTHONPATH": str(site)}, prefix=prefix
+    )
     error = runs["off"].outcome["error"]
     assert error.startswith("ImportError: ") and str(extension) in error
     why = "not an ELF file (bad magic)" if damage == "garbage" else "Permission denied"
@@ -164,7 +166,12 @@ def test_read_only_file_system(pods, tmp_path: Path) -> None:
     mount.mkdir()
     records = mount / "records"
     prefix = read_only(mount)
-    runs = run_modes(pods("vcuda", nvml_is_layer=False), tmp_path / "runs", {"TMAGUARD_RECORD_DIR": str(records)}, prefix=prefix)
+    runs = run_modes(
+        pods("vcuda", nvml_is_layer=False),
+        tmp_path / "runs",
+        {"TMAGUARD_RECORD_DIR": str(records)},
+        prefix=prefix,
+    )
     assert runs["off"].outcome["error"].endswith(UNDEFINED)
     assert runs["guard"].outcome == {"platform": "NvmlCudaPlatform"}
     line = runs["guard"].line()
@@ -180,7 +187,9 @@ def test_record_write_failure_after_the_check_is_harmless(pods, tmp_path: Path) 
     records = tmp_path / "records"
     records.mkdir(mode=0o700)
     (records / "last.json").mkdir()
-    runs = run_modes(pods("vcuda", nvml_is_layer=False), tmp_path / "runs", {"TMAGUARD_RECORD_DIR": str(records)})
+    runs = run_modes(
+        pods("vcuda", nvml_is_layer=False), tmp_path / "runs", {"TMAGUARD_RECORD_DIR": str(records)}
+    )
     assert runs["guard"].outcome == {"platform": "NvmlCudaPlatform"}
     line = runs["guard"].line()
     assert f"PROBLEM: could not write the record to {records}" in line

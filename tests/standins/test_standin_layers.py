@@ -103,7 +103,9 @@ def test_vcuda_master_look_up_hooks_by_requested_name(pods) -> None:
 
 def test_vcuda_v105_look_up_forwards_unhooked_and_needs_the_init(pods) -> None:
     pod = pods["vcuda-v105"]
-    before = _crash(pod, "import ctypes as c\np = c.c_void_p()\ncuda.cuGetProcAddress(b'cuInit', c.byref(p), 13000, 0)")
+    before = _crash(
+        pod, "import ctypes as c\np = c.c_void_p()\ncuda.cuGetProcAddress(b'cuInit', c.byref(p), 13000, 0)"
+    )
     assert before.returncode == -6 and "cuGetProcAddress called through the empty table" in before.stderr
     out = layer_probe(
         pod,

@@ -25,9 +25,7 @@ except ImportError as e:
 """
 
 
-@pytest.mark.parametrize(
-    "kind", ["bare", "hami", "vcuda-fork", "vcuda", "vcuda-v105", "lupine", "nogpu"]
-)
+@pytest.mark.parametrize("kind", ["bare", "hami", "vcuda-fork", "vcuda", "vcuda-v105", "lupine", "nogpu"])
 def test_old_vllm_extension(pods: dict[str, podkit.Pod], old_vllm: Path, kind: str) -> None:
     if kind == "nogpu" and ctypes.util.find_library("cuda"):
         pytest.fail("this host has its own libcuda.so.1: the no-GPU pod needs a host without one")

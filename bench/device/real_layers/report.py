@@ -16,7 +16,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
 OUT = ROOT / "docs/device/real-layers"
-POD_NAMES = {"a": "bare", "a2": "bare again", "vm": "vCUDA master", "v105": "vCUDA v1.0.5", "hami": "HAMi-core"}
+POD_NAMES = {
+    "a": "bare",
+    "a2": "bare again",
+    "vm": "vCUDA master",
+    "v105": "vCUDA v1.0.5",
+    "hami": "HAMi-core",
+}
 STEPS = ("quota", "torch", "cublaslt", "triton", "triton_tma", "machete")
 SOURCES = {0: "-", 3: "real driver", 4: "layer", 5: "tmaguard"}
 
@@ -34,10 +40,18 @@ def checks_table(files: dict[str, bytes]) -> list[str]:
         for with_vllm in (False, True):
             cells = []
             for step in STEPS:
-                found = [r["result"] for r in rows if r["pod"] == pod and r["result"].get("step") == step
-                         and bool(r["result"].get("vllm")) == with_vllm and "MODE=off" not in r["vars"]]
+                found = [
+                    r["result"]
+                    for r in rows
+                    if r["pod"] == pod
+                    and r["result"].get("step") == step
+                    and bool(r["result"].get("vllm")) == with_vllm
+                    and "MODE=off" not in r["vars"]
+                ]
                 cells.append(_cell(found[0]) if found else "-")
-            lines.append(f"| {pod} | {'import vllm' if with_vllm else 'torch only'} | " + " | ".join(cells) + " |")
+            lines.append(
+                f"| {pod} | {'import vllm' if with_vllm else 'torch only'} | " + " | ".join(cells) + " |"
+            )
     return lines
 
 
@@ -45,7 +59,7 @@ def _cell(result: dict) -> str:
     if not result.get("ok"):
         return f"FAILED ({result.get('exit', result.get('error', '?'))})"[:60]
     if "mem_get_info_gib" in result:
-        free, total = result["mem_get_info_gib"]
+        total = result["mem_get_info_gib"][1]
         refused = result.get("alloc_10_gib_refused")
         return f"{total:g} GiB shown, 10 GiB {'refused' if refused else 'allowed'}"
     if "rel_error" in result:
@@ -62,31 +76,52 @@ def serve_tables(run: int, files: dict[str, bytes]) -> list[str]:
     target = OUT / f"serve-{run}"
     target.mkdir(parents=True, exist_ok=True)
     for pod, summary in summaries.items():
-        (target / f"{pod}.json").write_text(json.dumps({k: v for k, v in summary.items() if k != "log_tail"}, indent=1))
+        (target / f"{pod}.json").write_text(
+            json.dumps({k: v for k, v in summary.items() if k != "log_tail"}, indent=1)
+        )
     reference = summaries.get("a2", {}).get("outputs") or []
     lines = [
         f"Call {run}:",
         "",
-        "| pod | ready (s) | KV cache | tokens differing from bare again | records | output tok/s c=1 / 8 / 64 (per round) |",
+        "| pod | ready (s) | KV cache | tokens differing from bare again | records "
+        "| output tok/s c=1 / 8 / 64 (per round) |",
         "|---|---|---|---|---|---|",
     ]
     for pod in ("a", "a2", "vm", "v105", "hami"):
         summary = summaries.get(pod)
         if summary is None:
             continue
-        kv = next((line.split("]")[-1].strip() for line in summary["log_lines"]
-                   if "KV cache memory" in line or "reserved" in line and "KV Cache" in line), "-")
+        kv = next(
+            (
+                line.split("]")[-1].strip()
+                for line in summary["log_lines"]
+                if "KV cache memory" in line or ("reserved" in line and "KV Cache" in line)
+            ),
+            "-",
+        )
         outputs = summary.get("outputs") or []
-        differ = sum(x != y for o, r in zip(outputs, reference, strict=False)
-                     for x, y in zip(o["token_ids"], r["token_ids"], strict=False)) if outputs else "-"
+        differ = (
+            sum(
+                x != y
+                for o, r in zip(outputs, reference, strict=False)
+                for x, y in zip(o["token_ids"], r["token_ids"], strict=False)
+            )
+            if outputs
+            else "-"
+        )
         total = sum(len(o["token_ids"]) for o in outputs)
         tok_s = " / ".join(
             ",".join(str(round(r.get("output_throughput") or 0)) for r in summary.get("bench", {}).get(c, []))
             for c in ("1", "8", "64")
         )
-        ready = f"{summary['ready_s']:.0f}" if summary.get("ready_s") else f"failed (exit {summary.get('exit_code')})"
+        ready = (
+            f"{summary['ready_s']:.0f}"
+            if summary.get("ready_s")
+            else f"failed (exit {summary.get('exit_code')})"
+        )
         lines.append(
-            f"| {POD_NAMES[pod]} | {ready} | {kv[:60]} | {differ} of {total} | {len(summary['records'])} | {tok_s} |"
+            f"| {POD_NAMES[pod]} | {ready} | {kv[:60]} | {differ} of {total} | {len(summary['records'])} "
+            f"| {tok_s} |"
         )
     lines += ["", "Ratio of medians against bare (output tok/s):", ""]
     bare = summaries.get("a", {}).get("bench", {})
@@ -96,7 +131,9 @@ def serve_tables(run: int, files: dict[str, bytes]) -> list[str]:
         for c in ("1", "8", "64"):
             mine = [r["output_throughput"] for r in bench.get(c, []) if r.get("output_throughput")]
             base = [r["output_throughput"] for r in bare.get(c, []) if r.get("output_throughput")]
-            ratios.append(f"{statistics.median(mine) / statistics.median(base):.2f}" if mine and base else "-")
+            ratios.append(
+                f"{statistics.median(mine) / statistics.median(base):.2f}" if mine and base else "-"
+            )
         lines.append(f"- {POD_NAMES[pod]}: " + " / ".join(ratios))
     return lines
 

@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # One device call: `vllm serve` (vLLM 0.25.1, the e2e model, bench/device/e2e/) under the real layers, each in
 # its real layout with the guard installed and nothing else set, beside two bare pods (the second one is the
-# noise floor); then the prompts and vLLM's serving benchmark across the pods (serve_pods.py). First, HAMi
-# with the overlay in front of its driver (does it then meter the CUDA 13 runtime?). Results:
-# $OUT/real-serve.tgz.
+# noise floor); then the prompts and vLLM's serving benchmark across the pods (serve_pods.py). First, the
+# guard's own cost per process on the bare and the vCUDA pod. Results: $OUT/real-serve.tgz.
 # usage: bash bench/device/real_layers/serve.sh [POD ...]   (repository root; carry .dev/e2e/part1 .thirdparty)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -14,14 +13,10 @@ bash bench/device/e2e/setup.sh > "$out/setup.log" 2>&1 || { tail -30 "$out/setup
 bash $here/build.sh > "$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
 export PYTHONPATH=/tmp/e2e/site:/tmp/e2e/v25:$(pwd)/bench/device
 
-echo "== HAMi with the overlay in front of its libcuda.so.1"
-real=$(python3 -c "import os; from vllm_tmaguard.loader import resolve_library as r; print(os.path.realpath(r('libcuda.so.1', {}).path))")
-mkdir -p "$state/hami-overlay"
-python3 -c "import sys; from vllm_tmaguard.overlay import overlay_image
-open(sys.argv[2] + '/libcuda.so.1', 'wb').write(overlay_image(sys.argv[1]))" "$real" "$state/hami-overlay"
-for ld in "" "$state/hami-overlay"; do
-  timeout 120 bash $here/pod.sh hami ${ld:+LD_LIBRARY_PATH=$ld} -- python3 $here/check.py quota > "$out/hami-quota-${ld:+overlay}.log" 2>&1
-  echo "hami ${ld:+with overlay}: $(grep '^RESULT' "$out/hami-quota-${ld:+overlay}.log" | cut -c8-300)"
+echo "== the guard's cost per process: import plus activation (bench/guard_cost.py --here)"
+for pod in bare vcuda-master; do
+  timeout 180 bash $here/pod.sh "$pod" -- python3 bench/guard_cost.py --here --runs 20 > "$out/cost-$pod.txt" 2>&1
+  echo "$pod: $(tail -1 "$out/cost-$pod.txt")"
 done
 
 pods=("$@"); [ ${#pods[@]} -gt 0 ] || pods=(a vm v105 hami a2)

@@ -1,6 +1,7 @@
 import pytest
 
-from vllm_tmaguard.toggles import TOGGLES, ToggleError, Toggles, parse_toggles
+from vllm_tmaguard import outcomes as codes
+from vllm_tmaguard.toggles import TOGGLES, ToggleError, Toggles, parse_toggles, read_toggles
 
 
 def test_defaults_when_unset() -> None:
@@ -56,3 +57,33 @@ def test_mode_and_strict_values_map_to_fields(tmp_path) -> None:
 def test_every_toggle_has_a_bad_value_case() -> None:
     covered = {name for name, _ in BAD_VALUES}
     assert covered == {spec.name for spec in TOGGLES}
+
+
+def test_one_bad_toggle_falls_back_alone_and_keeps_the_symbol_fix() -> None:
+    toggles, problems = read_toggles({"TMAGUARD_GEMM": "bogus", "TMAGUARD_OVERLAY": "off"})
+    assert (toggles.mode, toggles.gemm, toggles.overlay) == ("auto", "auto", "off")
+    (problem,) = problems
+    assert (problem.code, problem.subject) == (codes.TOGGLE_INVALID, "TMAGUARD_GEMM")
+    assert "'bogus'" in problem.cause and "auto" in problem.consequence
+    assert "hopper" in problem.fix and "portable" in problem.fix
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "hint"),
+    [("TMAGUARD_MODE", "strict", "TMAGUARD_STRICT=1"), ("TMAGUARD_MODE", "on", "TMAGUARD_MODE=auto")],
+)
+def test_near_misses_get_a_hint(name: str, value: str, hint: str) -> None:
+    _, (problem,) = read_toggles({name: value})
+    assert f"did you mean {hint}" in problem.fix
+
+
+def test_a_misspelt_toggle_name_is_named_with_the_nearest_toggle() -> None:
+    toggles, (problem,) = read_toggles({"TMAGUARD_STRICTT": "1"})
+    assert toggles.strict is False
+    assert (problem.code, problem.subject) == (codes.TOGGLE_UNKNOWN, "TMAGUARD_STRICTT")
+    assert "TMAGUARD_STRICT" in problem.fix
+
+
+def test_read_toggles_never_raises_on_any_bad_value() -> None:
+    toggles, problems = read_toggles(dict(BAD_VALUES))
+    assert toggles.mode == "auto" and len(problems) == len({name for name, _ in BAD_VALUES})

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent.parent / "vllm_tmaguard"
+PACKAGE = Path(__file__).resolve().parents[2] / "vllm_tmaguard"
 MAX_LINES = 400
 ENTRY_POINTS = {"vllm_tmaguard.cli", "vllm_tmaguard.__main__"}
 

@@ -1,0 +1,78 @@
+"""The record's one line, rendered from its fields (record.py): within the limit, the outcome and the first
+problem's cause and fix always kept, the routing phrase and the record's place dropped first. The case that
+surfaces later as CUBLAS_STATUS_NOT_INITIALIZED (shims where the overlay was needed) is the worst one."""
+
+from __future__ import annotations
+
+import pytest
+from facts_kit import REAL_DRIVER, VCUDA, driver, facts
+
+from vllm_tmaguard.actions import apply_routing, apply_supply
+from vllm_tmaguard.gpu import Gpu, GpuFacts
+from vllm_tmaguard.layers import Layer
+from vllm_tmaguard.record import MESSAGE_LIMIT, assemble, level_of, render_line
+from vllm_tmaguard.routing import plan_routing
+from vllm_tmaguard.supply import plan_supply
+from vllm_tmaguard.toggles import Toggles
+
+VCUDA_LAYER = (Layer("vcuda", ("libcuda.so.1 has SONAME libcuda-control.so",)),)
+H100 = GpuFacts((Gpu(0, "NVIDIA H100 80GB HBM3", (9, 0), "0000:18:00.0"),), "580.159.04", 13000)
+REAL = "/usr/local/nvidia/lib64/libcuda.so.580.159.04"
+LONG_PATH = "/usr/local/nvidia/lib64/" + "very-long-directory-name/" * 6 + "libcuda.so.1"
+
+
+def record_of(pod, toggles: Toggles, gpus: GpuFacts = H100, record_file: str | None = None):
+    plan = plan_supply(pod, toggles)
+    supplied, supply_problems = apply_supply(plan.supplies, pod.driver.path or "", None, apply=False)
+    route = plan_routing(
+        gpus.capabilities(), gpus.cuda_driver_version, tuple(plan.encoder), plan.launch_ex, "0.32.0", None,
+        toggles.gemm, {},
+    )  # fmt: skip
+    routed, _ = apply_routing(route.routing, apply=False)
+    problems = (*plan.problems, *supply_problems, *route.problems)
+    record = assemble("test", "validate", pod, gpus, plan, route, supplied + routed, problems, {})
+    return record._replace(record_file=record_file)
+
+
+CASES = {
+    "bare": record_of(facts(driver(REAL_DRIVER)), Toggles()),
+    "vCUDA, overlay": record_of(facts(driver(VCUDA, real_driver=REAL), VCUDA_LAYER), Toggles()),
+    "vCUDA mapped before the guard, shims": record_of(
+        facts(driver(VCUDA, how="mapped", path=LONG_PATH), VCUDA_LAYER), Toggles(),
+        record_file="/tmp/tmaguard-1000680000/process-4242424.json",
+    ),
+    "vCUDA, overlay off, user insists on hopper": record_of(
+        facts(driver(VCUDA - {"cuMemCreate"}, path=LONG_PATH), VCUDA_LAYER),
+        Toggles(overlay="off", gemm="hopper"),
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_line_keeps_the_outcome_and_the_first_problems_cause_and_fix(name: str) -> None:
+    record = CASES[name]
+    line = render_line(record)
+    assert len(line) <= MESSAGE_LIMIT, len(line)
+    assert line.startswith(f"tmaguard: {record.summary[:60]}")
+    if record.problems:
+        first = record.problems[0]
+        assert f"PROBLEM{f' ({len(record.problems)})' if len(record.problems) > 1 else ''}: " in line
+        assert first.cause[:40] in line and f"fix: {first.fix[:60]}" in line
+        assert level_of(record) == "warning"
+    else:
+        assert level_of(record) == "info" and "details: tmaguard doctor" in line
+
+
+def test_the_shim_case_names_the_cause_and_the_fix() -> None:
+    line = render_line(CASES["vCUDA mapped before the guard, shims"])
+    assert "shims would be loaded (encoders)" in line
+    assert "was already loaded when the guard ran" in line and "fix: put the overlay first" in line
+
+
+def test_the_outcome_is_a_value() -> None:
+    assert [CASES[name].outcome for name in CASES] == [
+        "nothing-missing",
+        "would-supply",
+        "degraded",
+        "degraded",
+    ]
