@@ -7,6 +7,8 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import NamedTuple
 
 EM_X86_64 = 62
@@ -71,6 +73,21 @@ def _string_at(table: bytes, offset: int) -> str:
     return table[offset:end].decode("utf-8", "replace")
 
 
+@contextmanager
+def mapped(path: str) -> Iterator[tuple[mmap.mmap, int]]:
+    """`path` mapped read-only, with its size. ElfError for a file that cannot be opened (with its errno) or
+    is too short for an ELF header."""
+    try:
+        with open(path, "rb") as file:
+            size = os.fstat(file.fileno()).st_size
+            if size < 64:
+                raise ElfError(path, f"too short for an ELF header ({size} bytes)")
+            with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as image:
+                yield image, size
+    except OSError as error:
+        raise ElfError(path, error.strerror or str(error), error.errno) from error
+
+
 def read_elf(path: str, prefixes: tuple[bytes, ...] | None = None, symbols: bool = True) -> ElfInfo:
     """Reads SONAME, NEEDED and the dynamic symbols whose names start with one of `prefixes` (all if None;
     none if not `symbols`).
@@ -78,14 +95,8 @@ def read_elf(path: str, prefixes: tuple[bytes, ...] | None = None, symbols: bool
     Raises ElfError for anything that is not a readable, well-formed ELF file; OSError passes through
     as ElfError too, so callers handle one exception type."""
     try:
-        with open(path, "rb") as file:
-            size = os.fstat(file.fileno()).st_size
-            if size < 64:
-                raise ElfError(path, f"too short for an ELF header ({size} bytes)")
-            with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as image:
-                return _parse(path, image, size, prefixes, symbols)
-    except OSError as error:
-        raise ElfError(path, error.strerror or str(error), error.errno) from error
+        with mapped(path) as (image, size):
+            return _parse(path, image, size, prefixes, symbols)
     except (struct.error, IndexError, OverflowError, ValueError) as error:
         if isinstance(error, ElfError):
             raise

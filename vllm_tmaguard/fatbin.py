@@ -12,11 +12,10 @@ Flag 0x100000 marks an arch-specific build (sm_90a: runs on 9.0 only), 0x200000 
 from __future__ import annotations
 
 import mmap
-import os
 import struct
 from typing import NamedTuple
 
-from .elf import ElfError, section_extent
+from .elf import ElfError, mapped, section_extent
 
 SECTION = ".nv_fatbin"
 MAGIC = 0xBA55ED50
@@ -31,12 +30,8 @@ _FLAGS = struct.Struct("<Q")
 _MIN_ENTRY_HEADER = 48  # up to and including the flags
 
 
-class FatbinError(ValueError):
+class FatbinError(ElfError):
     """The file, its ELF section table or its fat binary cannot be read."""
-
-    def __init__(self, path: str, why: str) -> None:
-        self.path, self.why = path, why
-        super().__init__(f"{path}: {why}")
 
 
 class Entry(NamedTuple):
@@ -183,20 +178,16 @@ def read_fatbin(path: str) -> Fatbin:
 
     Raises FatbinError for an unreadable file, a malformed ELF, or a malformed fat binary."""
     try:
-        with open(path, "rb") as file:
-            size = os.fstat(file.fileno()).st_size
-            if size < 64:
-                raise FatbinError(path, f"too short for an ELF header ({size} bytes)")
-            with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as image:
-                extent = section_extent(path, image, size, SECTION)
-                if extent is None:
-                    return Fatbin(path, (), 0, present=False)
-                offset, length = extent
-                entries, containers = parse_fatbin(image, offset, offset + length, path)
-                return Fatbin(path, tuple(entries), containers)
+        with mapped(path) as (image, size):
+            extent = section_extent(path, image, size, SECTION)
+            if extent is None:
+                return Fatbin(path, (), 0, present=False)
+            offset, length = extent
+            entries, containers = parse_fatbin(image, offset, offset + length, path)
+            return Fatbin(path, tuple(entries), containers)
+    except FatbinError:
+        raise
     except ElfError as error:
-        raise FatbinError(path, error.why) from error
-    except OSError as error:
-        raise FatbinError(path, error.strerror or str(error)) from error
+        raise FatbinError(path, error.why, error.errno) from error
     except (struct.error, IndexError, OverflowError) as error:
         raise FatbinError(path, f"malformed fat binary ({error})") from error
