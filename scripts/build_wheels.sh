@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # Builds the release files into dist/ (or the directory given): the sdist, and from that sdist one
 # py3-none-manylinux_2_28 wheel per architecture, x86_64 with gcc and aarch64 with Debian's cross gcc
-# (aarch64-linux-gnu-gcc, installed with apt-get when missing). Each wheel must pass `auditwheel show`:
-# consistent with manylinux_2_28 and no library outside the policy. Build tools live in build/wheel-tools.
+# (aarch64-linux-gnu-gcc; with --install-cross-compiler, installed with apt-get when missing, else the script
+# says how and stops). Each wheel must pass `auditwheel show`: consistent with manylinux_2_28 and no library
+# outside the policy. Build tools live in build/wheel-tools.
+# usage: bash scripts/build_wheels.sh [--install-cross-compiler] [OUT_DIR]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+install_cross=0
+if [ "${1:-}" = --install-cross-compiler ]; then install_cross=1; shift; fi
 out=$(mkdir -p "${1:-$root/dist}" && cd "${1:-$root/dist}" && pwd)
 python=${PYTHON:-python3}
 policy=manylinux_2_28
@@ -18,16 +22,21 @@ source "$root/scripts/steps.sh"
 mkdir -p "$root/build"
 : >"$log"
 echo "Building vllm-tmaguard's sdist and wheels into $out (tools' output: $log)"
+if ! command -v aarch64-linux-gnu-gcc >/dev/null; then
+  packages="gcc-aarch64-linux-gnu libc6-dev-arm64-cross"
+  if [ $install_cross = 0 ] || [ "$(id -u)" != 0 ]; then
+    echo "aarch64-linux-gnu-gcc is missing: apt-get install $packages (as root), or rerun with" \
+      "--install-cross-compiler as root to have this script do it" >&2
+    exit 1
+  fi
+  step "aarch64 cross compiler (apt-get install gcc-aarch64-linux-gnu)" bash -c \
+    "apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $packages"
+fi
+
 if [ ! -x "$tools/bin/auditwheel" ]; then
   step "build tools (build, setuptools, auditwheel)" bash -c \
     "'$python' -m venv '$tools' && '$tools/bin/pip' install --disable-pip-version-check build 'setuptools>=77' auditwheel"
 fi
-if ! command -v aarch64-linux-gnu-gcc >/dev/null; then
-  [ "$(id -u)" = 0 ] || { echo "aarch64-linux-gnu-gcc is missing: apt-get install gcc-aarch64-linux-gnu" >&2; exit 1; }
-  step "aarch64 cross compiler (apt-get install gcc-aarch64-linux-gnu)" bash -c \
-    "apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q gcc-aarch64-linux-gnu libc6-dev-arm64-cross"
-fi
-
 rm -f "$out"/vllm_tmaguard-*
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

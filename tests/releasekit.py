@@ -23,7 +23,7 @@ def build_release(out: Path) -> Release:
     """Runs scripts/build_wheels.sh into `out`; fails with its output if it fails."""
     started = time.monotonic()
     done = subprocess.run(
-        ["bash", str(REPO / "scripts" / "build_wheels.sh"), str(out)],
+        ["bash", str(REPO / "scripts" / "build_wheels.sh"), "--install-cross-compiler", str(out)],
         capture_output=True,
         text=True,
         timeout=900,

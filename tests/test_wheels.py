@@ -130,3 +130,21 @@ def test_x86_64_wheel_guards_vllm_in_a_compiler_less_python_312(
     assert record["actions"][0]["kind"] == "load-overlay", record["actions"]
     check = run(str(venv / "bin/tmaguard"), "check", "--json")
     assert json.loads(check.stdout)["supplied"]["cuTensorMapEncodeTiled"] == "overlay", check.stderr
+
+
+def test_the_script_asks_before_installing_a_system_package(tmp_path: Path) -> None:
+    """Without --install-cross-compiler a missing cross compiler stops the script with the command to run;
+    no package manager is called (none is on this PATH, and apt-get would be the first thing it runs)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in Path("/usr/bin").iterdir():
+        if not tool.name.startswith(("aarch64-linux-gnu-", "apt")):
+            (bin_dir / tool.name).symlink_to(tool)
+    script = Path(__file__).resolve().parent.parent / "scripts" / "build_wheels.sh"
+    done = subprocess.run(
+        ["bash", str(script), str(tmp_path / "dist")],
+        env={"PATH": str(bin_dir), "HOME": str(tmp_path)}, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "aarch64-linux-gnu-gcc is missing: apt-get install gcc-aarch64-linux-gnu" in done.stderr
+    assert "--install-cross-compiler" in done.stderr and not list((tmp_path / "dist").iterdir())
