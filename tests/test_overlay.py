@@ -320,3 +320,14 @@ def test_env_command_prints_the_recipe_and_installs(pods, tmp_path) -> None:
         tmaguard, env={**pods("bare").environ()}, capture_output=True, text=True, check=True
     )
     assert "exports every entry point the overlay would add: nothing to do" in bare.stdout
+
+
+def test_env_command_installs_the_overlay_whatever_a_routing_toggle_says(pods, tmp_path) -> None:
+    """The preflight runs `tmaguard env --install-dir`: a typo in TMAGUARD_GEMM must not keep the overlay
+    out."""
+    env = {**pods("vcuda").environ(), "TMAGUARD_RECORD_DIR": str(tmp_path / "r"), "TMAGUARD_GEMM": "fast"}
+    command = [sys.executable, "-m", "vllm_tmaguard", "env", "--install-dir", str(tmp_path / "o")]
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    assert done.returncode == 0 and (tmp_path / "o" / "libcuda.so.1").exists(), done.stderr
+    warning = "warning: TMAGUARD_GEMM='fast' is not valid; TMAGUARD_GEMM falls back to its default, auto"
+    assert warning in done.stderr

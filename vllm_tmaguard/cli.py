@@ -7,7 +7,7 @@ import os
 
 import typer
 
-from .toggles import ToggleError, parse_toggles
+from .toggles import Toggles, read_toggles
 
 # Plain (click-style) help: typer's rich panels print a value type even for flags ("--help <bool>").
 app = typer.Typer(
@@ -18,6 +18,15 @@ app = typer.Typer(
 )
 
 
+def _toggles() -> Toggles:
+    """The toggles as the guard reads them: a bad one at its default, said on stderr (never a stop: the
+    preflight's `tmaguard env` must install the overlay whatever a routing or logging setting says)."""
+    toggles, problems = read_toggles(os.environ)
+    for problem in problems:
+        typer.echo(f"warning: {problem.cause}; {problem.consequence}; fix: {problem.fix}", err=True)
+    return toggles
+
+
 @app.command()
 def check(as_json: bool = typer.Option(False, "--json", help="print the record as JSON")) -> None:
     """What the guard would find and do in a vLLM process started here (changes nothing, loads nothing,
@@ -25,11 +34,7 @@ def check(as_json: bool = typer.Option(False, "--json", help="print the record a
     from .preview import preview
     from .record import level_of, render_line
 
-    try:
-        toggles = parse_toggles(os.environ)
-    except ToggleError as error:
-        typer.echo(f"error: {error}", err=True)
-        raise typer.Exit(2) from None
+    toggles = _toggles()
     record = preview(os.environ, toggles, "cli")
     typer.echo(json.dumps(record.to_json(), indent=1) if as_json else render_line(record))
     raise typer.Exit(1 if level_of(record) == "warning" else 0)
@@ -38,11 +43,7 @@ def check(as_json: bool = typer.Option(False, "--json", help="print the record a
 @app.command()
 def record() -> None:
     """Print the last record the guard wrote in a vLLM process."""
-    try:
-        toggles = parse_toggles(os.environ)
-    except ToggleError as error:
-        typer.echo(f"error: {error}", err=True)
-        raise typer.Exit(2) from None
+    toggles = _toggles()
     path = os.path.join(toggles.record_dir, "last.json")
     try:
         with open(path) as file:
@@ -66,11 +67,7 @@ def env(
     from .env_recipe import recipe
     from .facts import probe
 
-    try:
-        toggles = parse_toggles(os.environ)
-    except ToggleError as error:
-        typer.echo(f"error: {error}", err=True)
-        raise typer.Exit(2) from None
+    toggles = _toggles()
     facts = probe(os.environ, toggles.root, "cli")
     lines, code = recipe(facts, dict(os.environ), install_dir or None)
     typer.echo("\n".join(lines))
