@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call: the real sharing layers (build.sh), each in its real layout (pod.sh), with this package
 # installed and nothing else set; every check of check.py in its own process. Results: $OUT/real-checks.tgz
-# (checks.jsonl: one RESULT per process; logs/; records/; registrations.log).
+# (checks.jsonl: one RESULT per process; logs/; records/; registrations.log; cost-<pod>.txt: the guard's
+# own cost per process, bench/guard_cost.py).
 # usage: bash bench/device/real_layers/run.sh   (repository root; carry .dev .thirdparty)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -45,6 +46,11 @@ before=$(wc -l < "$state/registrations.log")
 bash $here/pod.sh vcuda-master -- tmaguard check > "$out/logs/tmaguard-check.log" 2>&1; echo "tmaguard check: exit $?"
 echo "registrations by tmaguard check: $(( $(wc -l < "$state/registrations.log") - before ))"
 check vcuda-master+noconfig guard
+echo "== the guard's cost per process: import plus activation (bench/guard_cost.py --here)"
+for pod in bare vcuda-master; do
+  timeout 180 bash $here/pod.sh "$pod" -- python3 bench/guard_cost.py --here --runs 20 > "$out/cost-$pod.txt" 2>&1
+  echo "$pod: $(tail -1 "$out/cost-$pod.txt")"
+done
 cp "$state/registrations.log" "$out/"; cp -r "$state/records" "$out/" 2>/dev/null
 tar -czf "${OUT:-/tmp}/real-checks.tgz" -C "$state" results
 echo "results: $(du -sh "${OUT:-/tmp}/real-checks.tgz" | cut -f1)"
