@@ -4,10 +4,12 @@ trimmed away is reported as missing, and is no fault of the guard's (nothing can
 
 from __future__ import annotations
 
+import json
 import shutil
 import sysconfig
 from pathlib import Path
 
+from vllm_tmaguard.scan_cache import load
 from vllm_tmaguard.vllm_probe import loadable_here, probe_vllm
 
 HERE = sysconfig.get_config_var("EXT_SUFFIX")  # e.g. .cpython-311-x86_64-linux-gnu.so
@@ -52,6 +54,15 @@ def test_a_missing_extension_file_is_no_fault_of_the_guard(tmp_path, standins, p
         "vllm._C_stable_libtorch",
         "vllm.third_party.deep_gemm._C",
     ]
+    # The scan is cached all the same (a slim image's missing files are part of what was scanned), and a
+    # file appearing later is a change that makes the next process scan again.
+    (cache,) = run.record_dir.glob("vllm-scan-*.json")
+    scanned = json.loads(cache.read_text())["extensions"]
+    assert [e["module"] for e in scanned if e["absent"]] == ["vllm._moe_C"]
+    cached = load(str(run.record_dir), str(site / "vllm"))
+    assert cached is not None and cached.version == "0.25.1"
+    (site / "vllm/_moe_C.abi3.so").write_bytes(b"")
+    assert load(str(run.record_dir), str(site / "vllm")) is None
 
 
 def test_loadable_here() -> None:

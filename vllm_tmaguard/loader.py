@@ -65,8 +65,9 @@ def mapped_files(maps_text: str) -> list[str]:
     return list(seen)
 
 
-def read_ld_so_cache(data: bytes, machine: str) -> list[tuple[str, str]]:
-    """(library name, path) pairs for this machine's architecture from an ld.so.cache image, in cache order.
+def read_ld_so_cache(data: bytes, machine: str, name: str | None = None) -> list[tuple[str, str]]:
+    """(library name, path) pairs for this machine's architecture from an ld.so.cache image, in cache order;
+    only those for library `name` if given (compared before decoding: every process reads the cache).
 
     Handles the new format alone or appended to the old one; returns [] for anything it does not know."""
     start = data.find(_NEW_CACHE_MAGIC)
@@ -76,10 +77,13 @@ def read_ld_so_cache(data: bytes, machine: str) -> list[tuple[str, str]]:
     arch = _CACHE_ARCH_FLAGS.get(machine)
     entries_at = start + _CACHE_HEADER.size
     count = min(count, (len(data) - entries_at) // _CACHE_ENTRY.size)
+    wanted = None if name is None else name.encode() + b"\0"
+    entries = memoryview(data)[entries_at : entries_at + count * _CACHE_ENTRY.size]
     pairs = []
-    for index in range(count):
-        flags, key, value, _, _ = _CACHE_ENTRY.unpack_from(data, entries_at + index * _CACHE_ENTRY.size)
+    for flags, key, value, _, _ in _CACHE_ENTRY.iter_unpack(entries):
         if arch is not None and flags & 0xFF00 != arch:
+            continue
+        if wanted is not None and not data.startswith(wanted, start + key):
             continue
         pairs.append((_c_string(data, start + key), _c_string(data, start + value)))
     return pairs
@@ -139,9 +143,8 @@ def search_order(
             cache = file.read()
     except OSError:
         cache = b""
-    for library, path in read_ld_so_cache(cache, machine):
-        if library == name:
-            yield under_root(root, path), "ld.so.cache"
+    for _, path in read_ld_so_cache(cache, machine, name):
+        yield under_root(root, path), "ld.so.cache"
     for directory in _DEFAULT_DIRS.get(machine, ("/lib", "/usr/lib")):
         yield under_root(root, os.path.join(directory, name)), "default directories"
 

@@ -15,11 +15,20 @@ from .vllm_probe import Extension, VllmFacts, extension_modules, find_package_di
 _FORMAT = 3
 
 
-def _signature(paths: list[str]) -> list[list[int]] | None:
-    try:
-        return [[(s := os.stat(p)).st_size, s.st_mtime_ns] for p in paths]
-    except OSError:
-        return None
+def _signature(paths: list[str]) -> list[list[int] | None] | None:
+    """Size and modification time of each file; None for one that is not there (a slim image drops
+    extension files its wheel lists: their absence is part of what was scanned). None if one is unreadable."""
+    signature: list[list[int] | None] = []
+    for path in paths:
+        try:
+            stat = os.stat(path)
+        except FileNotFoundError:
+            signature.append(None)
+            continue
+        except OSError:
+            return None
+        signature.append([stat.st_size, stat.st_mtime_ns])
+    return signature
 
 
 def _cache_path(cache_dir: str, package_dir: str) -> str:
