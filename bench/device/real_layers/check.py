@@ -139,7 +139,7 @@ def _guard() -> dict:
     record = activate("device-check") or {}
     return {
         "guard_ms": round((time.perf_counter() - started) * 1e3, 2),
-        **{k: record.get(k) for k in ("summary", "actions", "failed", "unfixed", "elapsed_ms", "tma")},
+        **{k: record.get(k) for k in ("outcome", "summary", "actions", "problems", "elapsed_ms", "timings_ms", "tma")},
     }
 
 
