@@ -139,7 +139,10 @@ def _guard() -> dict:
     record = activate("device-check") or {}
     return {
         "guard_ms": round((time.perf_counter() - started) * 1e3, 2),
-        **{k: record.get(k) for k in ("outcome", "summary", "actions", "problems", "elapsed_ms", "timings_ms", "tma")},
+        **{
+            k: record.get(k)
+            for k in ("outcome", "summary", "actions", "problems", "elapsed_ms", "timings_ms", "tma")
+        },
     }
 
 
@@ -154,8 +157,15 @@ def where_calls_go() -> dict:
     except OSError:
         return out
     if hasattr(cuda, "tmaguard_shim_source"):
-        names = ("cuMemAlloc_v2", "cuLaunchKernel", "cuLibraryLoadData", "cuTensorMapEncodeTiled",
-                 "cuLaunchKernelEx", "cuGetProcAddress_v2", "cuMemGetInfo_v2")
+        names = (
+            "cuMemAlloc_v2",
+            "cuLaunchKernel",
+            "cuLibraryLoadData",
+            "cuTensorMapEncodeTiled",
+            "cuLaunchKernelEx",
+            "cuGetProcAddress_v2",
+            "cuMemGetInfo_v2",
+        )
         out["source"] = {n: cuda.tmaguard_shim_source(n.encode()) for n in names}
     if hasattr(cuda, "tmaguard_launch_counts"):
         counts = (ctypes.c_longlong * 3)()
