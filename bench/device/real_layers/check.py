@@ -3,7 +3,8 @@ sharing layer, with the guard installed and nothing else set. Prints `RESULT <js
 
 usage: check.py STEP [--vllm]   --vllm: `import vllm` first (its import hook runs the guard, as in a vLLM
 process); without it the process imports torch only (the guard's torch-first hook, docs/design.md §2.7).
-Steps: quota (what the process is shown, 1 GiB allowed, QUOTA_PROBE_GIB refused), torch (fp32 matmul:
+Steps: quota (what the process is shown, 1 GiB allowed, QUOTA_PROBE_GIB refused), bindings (which file
+answers what the CUDA runtime binds), torch (fp32 matmul:
 cuBLAS), cublaslt (fp16 linear with bias: cuBLASLt), triton, triton_tma, machete (vLLM 0.25.1's W4A16 TMA
 GEMM), guard (the guard alone, as a vLLM process runs it, without vLLM or CUDA: the record's summary and
 what it cost)."""
@@ -121,7 +122,33 @@ def machete() -> dict:
     return {"rel_error": error}
 
 
+class _DlInfo(ctypes.Structure):
+    _fields_ = [("fname", ctypes.c_char_p), ("fbase", ctypes.c_void_p), ("sname", ctypes.c_char_p),
+                ("saddr", ctypes.c_void_p)]  # fmt: skip
+
+
+def bindings() -> dict:
+    """Which file answers the entry points the CUDA runtime binds for torch (cudaGetDriverEntryPointByVersion
+    with CUDA 13's version, as cudart does for itself): the layer, tmaguard's overlay or the real driver."""
+    import torch
+
+    torch.zeros(1, device="cuda")
+    cudart = next(ctypes.CDLL(path) for path in where_calls_go()["mapped_cudart"])
+    libc = ctypes.CDLL(None)
+    files = {}
+    for name in ("cuMemAlloc", "cuMemGetInfo", "cuLaunchKernel", "cuMemFree", "cuTensorMapEncodeTiled"):
+        pointer, status = ctypes.c_void_p(), ctypes.c_int()
+        cudart.cudaGetDriverEntryPointByVersion(
+            name.encode(), ctypes.byref(pointer), 13000, ctypes.c_ulonglong(0), ctypes.byref(status)
+        )
+        info = _DlInfo()
+        found = pointer.value and libc.dladdr(ctypes.c_void_p(pointer.value), ctypes.byref(info))
+        files[name] = f"{info.fname.decode()}:{(info.sname or b'?').decode()}" if found else None
+    return {"bound_in": files}
+
+
 STEPS = {
+    "bindings": bindings,
     "quota": quota,
     "torch": matmul,
     "cublaslt": cublaslt,
@@ -151,7 +178,9 @@ def where_calls_go() -> dict:
     export, 5 tmaguard's own)."""
     out: dict = {}
     with open("/proc/self/maps") as file:
-        out["mapped"] = sorted({line.split()[-1] for line in file if "libcuda" in line or "vgpu" in line})
+        lines = file.read().splitlines()
+    out["mapped"] = sorted({line.split()[-1] for line in lines if "libcuda" in line or "vgpu" in line})
+    out["mapped_cudart"] = sorted({line.split()[-1] for line in lines if "libcudart.so" in line})
     try:
         cuda = ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOLOAD)
     except OSError:
