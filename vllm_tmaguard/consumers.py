@@ -9,8 +9,6 @@ Two ways to ask, and they matter for what can fill a gap (docs/design.md §2.1, 
   cuGetProcAddress_v2 found that way); only libcuda.so.1's own dependency tree is searched, so an
   RTLD_GLOBAL shim cannot reach it: only a libcuda.so.1 that carries the name itself can (the overlay)."""
 
-from __future__ import annotations
-
 import glob
 import mmap
 import os

@@ -2,8 +2,6 @@
 and dynamic symbols. Reads only the section headers, .dynsym, .dynstr and .dynamic through mmap, so a
 100 MB driver or extension costs a few page faults, and it never runs any of the file's code."""
 
-from __future__ import annotations
-
 import mmap
 import os
 import struct

@@ -1,8 +1,6 @@
 """One pass of passive probes over files: everything planning what to supply needs, gathered without side
 effects on the process (no CUDA context, no load of libcuda.so.1, no call into a sharing layer)."""
 
-from __future__ import annotations
-
 from collections.abc import Mapping
 from typing import NamedTuple
 

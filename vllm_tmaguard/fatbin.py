@@ -9,8 +9,6 @@ version, u32 header size, u64 payload size, ..., u32 arch (major * 10 + minor) a
 Flag 0x100000 marks an arch-specific build (sm_90a: runs on 9.0 only), 0x200000 a family-specific one
 (sm_100f: runs on 10.x from 10.0 up)."""
 
-from __future__ import annotations
-
 import mmap
 import struct
 from typing import NamedTuple

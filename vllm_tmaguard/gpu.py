@@ -10,8 +10,6 @@ Steps, in order:
   4. The compute capability, from the model name (GPU_FAMILIES).
 System paths are read under TMAGUARD_ROOT (tests lay out a pod's files there)."""
 
-from __future__ import annotations
-
 import os
 import re
 from typing import NamedTuple

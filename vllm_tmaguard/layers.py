@@ -5,8 +5,6 @@ its exports) or from what the loader preloads; files and variables alone are not
 an image that once had /etc/vcuda is no vCUDA pod). A libcuda.so.1 that lacks what every real driver of its
 era exports, with no layer named, is an unrecognized layer."""
 
-from __future__ import annotations
-
 import os
 from collections.abc import Mapping
 from typing import NamedTuple

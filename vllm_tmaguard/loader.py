@@ -16,8 +16,6 @@ The real driver's search order behind a layer (real_driver_search):
   4. the usual driver directories (DRIVER_DIRS)
   Within a directory: the version of the running kernel module first, then the newest."""
 
-from __future__ import annotations
-
 import os
 import re
 import struct

@@ -2,8 +2,6 @@
 wrong (Problem). Sentences are rendered from their fields at the edge (record.py, the doctor), never parsed
 back."""
 
-from __future__ import annotations
-
 from typing import Any, NamedTuple
 
 # Problem codes: stable identifiers the doctor and tests match on (docs/design.md §4).
@@ -36,7 +34,7 @@ class Problem(NamedTuple):
         return self._asdict()
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Problem:
+    def from_json(cls, data: dict[str, Any]) -> "Problem":
         return cls(**{k: data.get(k) for k in ("code", "cause", "consequence", "fix", "symbol", "subject")})
 
 
@@ -58,7 +56,7 @@ class Action(NamedTuple):
         return self._asdict()
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Action:
+    def from_json(cls, data: dict[str, Any]) -> "Action":
         return cls(
             data["kind"], data["target"], data.get("value"), data.get("applied", True),
             data.get("in_memory", False),

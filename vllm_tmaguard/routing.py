@@ -1,8 +1,6 @@
 """Routing: which of vLLM's kernel paths to steer away from, through vLLM's own knobs. A pure function of
 the installed vLLM's table, the GPUs, whether a real encoder is reachable, and the user's settings."""
 
-from __future__ import annotations
-
 from collections.abc import Mapping
 from typing import NamedTuple
 

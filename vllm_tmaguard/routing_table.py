@@ -5,8 +5,6 @@ each table's release by the version matrix (tests/versions, docs/compat.md): eve
 flag named here exists in that release. Checked at run time against the installed vLLM: a class name its
 selector file does not list is reported as stale knowledge."""
 
-from __future__ import annotations
-
 import re
 from typing import NamedTuple
 

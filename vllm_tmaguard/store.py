@@ -2,8 +2,6 @@
 directory that is this user's alone. TMAGUARD_RECORD_DIR when it is such a directory, else the default one
 with the refusal said; with neither, nothing is written and the overlay stays in memory."""
 
-from __future__ import annotations
-
 import contextlib
 import json
 import os

@@ -3,8 +3,6 @@ vLLM's extensions and the handle-scoped consumers need that libcuda.so.1 lacks, 
 overlay, or shims where the overlay cannot be had), whether a real encoder is reached, and what stays
 broken (docs/design.md §2)."""
 
-from __future__ import annotations
-
 import os
 from typing import NamedTuple
 
@@ -143,7 +141,7 @@ def plan_supply(facts: Facts, toggles: Toggles) -> SupplyPlan:
         problems += [
             Problem(
                 HANDLE_SCOPED_GAP,
-                cause=f"{blocker}, so the overlay cannot stand in: its own handle lacks {symbol}",
+                cause=f"{blocker}, so the overlay cannot stand in: libcuda.so.1's own handle lacks {symbol}",
                 consequence=f"{why}, and a global shim cannot answer that",
                 fix="put the overlay first on LD_LIBRARY_PATH from the manifest: see `tmaguard env`",
                 symbol=symbol,

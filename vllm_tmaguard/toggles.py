@@ -3,8 +3,6 @@ falls back to that toggle's default with a problem naming the variable, the valu
 (read_toggles): a typo in a routing or logging setting never drops the symbol fix. The CLI refuses it
 outright (parse_toggles)."""
 
-from __future__ import annotations
-
 import os
 from collections.abc import Mapping
 from typing import NamedTuple

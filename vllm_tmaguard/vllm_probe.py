@@ -1,8 +1,6 @@
 """The installed vLLM, read from its files without importing it: version, extension modules and the
 CUDA driver entry points each one needs from libcuda.so.1."""
 
-from __future__ import annotations
-
 import errno
 import functools
 import importlib.machinery
