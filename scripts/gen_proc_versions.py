@@ -23,8 +23,13 @@ from collections import defaultdict
 from pathlib import Path
 
 CSRC = Path(__file__).resolve().parent.parent / "vllm_tmaguard/csrc"
-TYPEDEF_HEADERS = ("cudaTypedefs.h", "cudaGLTypedefs.h", "cudaEGLTypedefs.h", "cudaVDPAUTypedefs.h",
-                   "cudaProfilerTypedefs.h")
+TYPEDEF_HEADERS = (
+    "cudaTypedefs.h",
+    "cudaGLTypedefs.h",
+    "cudaEGLTypedefs.h",
+    "cudaVDPAUTypedefs.h",
+    "cudaProfilerTypedefs.h",
+)
 DEFINE_HEADERS = ("cuda.h", "cudaGL.h", "cudaVDPAU.h", "cudaEGL.h")
 WINDOWS_ONLY = "cuWGL"
 PFN = re.compile(r"\bPFN_(cu\w+?)_v(\d+)(_ptsz|_ptds)?\)")

@@ -9,6 +9,7 @@ Two ways to ask, and they matter for what can fill a gap (docs/design.md §2.1, 
   cuGetProcAddress_v2 found that way); only libcuda.so.1's own dependency tree is searched, so an
   RTLD_GLOBAL shim cannot reach it: only a libcuda.so.1 that carries the name itself can (the overlay)."""
 
+import errno
 import glob
 import mmap
 import os
@@ -33,6 +34,7 @@ class Consumer(NamedTuple):
     needs: tuple[str, ...]  # driver entry points it asks libcuda.so.1 for
     evidence: str  # how the needs were read
     error: str | None = None  # the file could not be read
+    absent: bool = False  # the file is not there (its package lists it)
 
 
 def site_path(vllm_dir: str | None, path: list[str]) -> list[str]:
@@ -51,6 +53,7 @@ def vllm_consumers(vllm: VllmFacts) -> list[Consumer]:
             tuple(sorted(extension.driver_symbols)),
             "undefined cu* symbols in .dynsym (NEEDED libcuda.so.1)",
             extension.error,
+            extension.absent,
         )
         for extension in vllm.extensions
     ]
@@ -67,7 +70,9 @@ def torch_consumers(path: list[str]) -> list[Consumer]:
             if DRIVER_LIBRARY not in read_elf(library, symbols=False).needed:
                 continue
         except ElfError as error:
-            found.append(_unreadable(library, "torch-library", "global", error.why))
+            found.append(
+                _unreadable(library, "torch-library", "global", error.why, error.errno == errno.ENOENT)
+            )
             continue
         extension = scan_extension(torch_dir, library)
         if extension is not None:
@@ -91,8 +96,8 @@ def _contains(path: str, needle: bytes) -> bool:
         return image.find(needle) >= 0
 
 
-def _unreadable(path: str, kind: str, scope: str, why: str) -> Consumer:
-    return Consumer(os.path.basename(path), kind, path, scope, "", (), "", why)
+def _unreadable(path: str, kind: str, scope: str, why: str, absent: bool = False) -> Consumer:
+    return Consumer(os.path.basename(path), kind, path, scope, "", (), "", why, absent)
 
 
 def cudart_consumers(path: list[str]) -> list[Consumer]:
@@ -113,7 +118,8 @@ def cudart_consumers(path: list[str]) -> list[Consumer]:
         try:
             asks = _contains(library, PROC_ADDRESS_V2.encode() + b"\0")
         except (OSError, ValueError) as error:
-            found.append(_unreadable(library, "cuda-runtime", "handle", str(error)))
+            absent = isinstance(error, FileNotFoundError)
+            found.append(_unreadable(library, "cuda-runtime", "handle", str(error), absent))
             continue
         found.append(
             Consumer(
@@ -160,7 +166,9 @@ def cuda_python_consumer(path: list[str]) -> Consumer | None:
     try:
         asks = _contains(modules[0], PROC_ADDRESS_V2.encode())
     except (OSError, ValueError) as error:
-        return _unreadable(modules[0], "cuda-python", "handle", str(error))
+        return _unreadable(
+            modules[0], "cuda-python", "handle", str(error), isinstance(error, FileNotFoundError)
+        )
     return Consumer(
         "cuda-python",
         "cuda-python",

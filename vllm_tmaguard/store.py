@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 from .atomic import write_atomically
 from .outcomes import RECORD_DIR_REFUSED, RECORD_NOT_WRITTEN, Problem
 from .toggles import default_record_dir
-from .trust import private_dir
+from .trust import private_dir, why_not_private
 
 PROCESS_RECORDS_KEPT = 64  # per-process records kept in the record directory, newest first
 
@@ -38,6 +38,16 @@ def open_record_dir(asked: str) -> RecordDir:
     if refused is not None and asked != default_record_dir():
         path, _ = private_dir(default_record_dir())
     return RecordDir(path, asked, refused)
+
+
+def record_dir_to_read(asked: str) -> RecordDir:
+    """Where the guard put its records when TMAGUARD_RECORD_DIR is `asked`, creating nothing (the doctor):
+    the asked directory if it is private or absent (no guard has written yet); else the default one the
+    guard fell back to, with why."""
+    if not os.path.lexists(asked) or asked == default_record_dir():
+        return RecordDir(asked, asked, None)
+    refused = why_not_private(asked) if os.path.isdir(asked) else f"{asked} is not a directory"
+    return RecordDir(default_record_dir() if refused else asked, asked, refused)
 
 
 def process_record_path(directory: str, pid: int) -> str:

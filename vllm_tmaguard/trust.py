@@ -138,8 +138,14 @@ def private_dir(path: str) -> tuple[str | None, str | None]:
         _make_private(path)
     except OSError as error:
         return None, f"cannot create {path}: {error.strerror or error}"
-    problem = _not_private(path) or path_problem(path, private=True)
+    problem = why_not_private(path)
     return (None, problem) if problem else (os.path.realpath(path), None)
+
+
+def why_not_private(path: str) -> str | None:
+    """Why an existing directory is not this user's alone (or a path to it is weak); None if it is. Creates
+    nothing."""
+    return _not_private(path) or path_problem(path, private=True)
 
 
 def _not_private(path: str) -> str | None:

@@ -186,7 +186,7 @@ def test_preflight_with_the_real_tmaguard_on_an_emulated_vcuda_pod(rendered, pod
     )
     assert all(result["handle"].values()), result["handle"]
     assert f"installed {overlay_dir}/libcuda.so.1" in done.stderr
-    assert json.loads((tmp_path / "records/doctor.json").read_text())["schema"] == "tmaguard.doctor/1"
+    assert json.loads((tmp_path / "records/doctor.json").read_text())["schema"] == "tmaguard.doctor/2"
 
     # A restart of the container: the overlay is already first on the path; nothing to add, still works.
     again = subprocess.run(

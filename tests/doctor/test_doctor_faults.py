@@ -1,5 +1,5 @@
-"""What the doctor makes of faults: a hanging or failing NVML, damaged or missing files, a missing vLLM,
-the guard's record."""
+"""What the doctor makes of faults: a hanging or failing NVML (asked with --active only), damaged or missing
+files, a missing vLLM, the guard's record; and that the passive doctor never calls into the layer."""
 
 from __future__ import annotations
 
@@ -11,10 +11,9 @@ import uuid
 from pathlib import Path
 
 from doctorkit import PRINTING, SITE, consumer
-from podkit import scrubbed_environ
+from podkit import build_pod, scrubbed_environ
 
-from vllm_tmaguard.doctor.children import gpu_facts_from
-from vllm_tmaguard.doctor.findings.platform import gpu_findings
+from vllm_tmaguard.doctor.findings.active import nvml_findings
 from vllm_tmaguard.vllm_probe import probe_vllm
 
 
@@ -23,16 +22,17 @@ def test_hanging_nvml_is_killed_and_reported(pods, doctor) -> None:
     run = doctor(
         pods("vcuda"),
         "--json",
+        "--active",
         "--nvml-timeout",
         "0.5",
         env={"STANDIN_NVML_HANG": "1", "DOCTOR_TEST_MARK": mark},
     )
     report = run.report
     assert run.returncode == 1
-    assert report["gpu"]["query"]["timed_out"] and report["gpu"]["query"]["timeout_s"] == 0.5
+    nvml = report["active_check"]["nvml"]["run"]
+    assert nvml["timed_out"] and nvml["timeout_s"] == 0.5
     finding = run.finding("nvml-timeout")
     assert finding["severity"] == "error" and "0.5 s" in finding["title"]
-    assert report["elapsed_ms"] < 4000
     assert report["libcuda"]["soname"] == "libcuda-control.so"  # the rest of the report is still there
     assert not _processes_with(mark), "the hanging NVML child outlived the doctor"
 
@@ -50,22 +50,31 @@ def _processes_with(mark: str) -> list[int]:
     return found
 
 
-def test_failing_nvml_is_a_finding(pods, doctor) -> None:
-    run = doctor(pods("vcuda"), "--json", env={"STANDIN_NVML_FAIL": "9"})
+def test_failing_nvml_is_a_finding_of_the_active_check_only(pods, doctor) -> None:
+    pod = pods("vcuda")
+    run = doctor(pod, "--json", "--active", env={"STANDIN_NVML_FAIL": "9"})
     finding = run.finding("nvml-error")
-    assert run.returncode == 1 and "Driver Not Loaded" in finding["detail"]
+    # in a vCUDA pod libnvidia-ml.so.1 is the layer: its own error, as vLLM would get it
+    assert run.returncode == 1 and "nvmlInit_v2: standin vCUDA NVML error (9)" in finding["detail"]
+    passive = doctor(pod, "--json", env={"STANDIN_NVML_FAIL": "9"})
+    assert "nvml-error" not in passive.ids("error") and passive.report["gpu"]["gpus"]
 
 
 def test_crashed_nvml_query_is_explained() -> None:
     run = {"timeout_s": 5.0, "timed_out": False, "exit_status": 255, "elapsed_ms": 3.0, "stderr_tail": "bye"}
-    facts = gpu_facts_from(None, run)
-    assert (
-        facts.gpus == ()
-        and facts.error == "the NVML query process exited with status 255 before answering: bye"
-    )
-    report = {"gpu": {"gpus": [], "error": facts.error, "query": run}}
-    (finding,) = gpu_findings(report)
+    (finding,) = nvml_findings({"result": None, "run": run})
     assert finding["id"] == "nvml-crashed" and finding["severity"] == "error"
+    assert "the NVML query process exited with status 255 before answering: bye" in finding["detail"]
+
+
+def test_the_passive_doctor_never_calls_into_the_layer(pods, doctor) -> None:
+    """In a vCUDA pod libnvidia-ml.so.1 is the layer: its init registers the process with the node (and
+    exits without its config). The passive doctor reads /proc/driver/nvidia instead."""
+    pod = build_pod(Path(pods("bare").root).parent, "vcuda", vcuda_config=False)
+    run = doctor(pod, "--json")
+    assert run.report["gpu"]["gpus"][0]["name"] == "NVIDIA GeForce RTX 4090"
+    assert run.report["gpu"]["source"] == "procfs"
+    assert not (pod.root / "etc/vcuda/registrations").exists()
 
 
 def test_corrupted_libcuda_is_a_finding(pods, doctor) -> None:
@@ -121,7 +130,7 @@ def test_missing_vllm_is_a_finding(pods, doctor, tmp_path: Path) -> None:
     assert run.returncode == 1 and report["vllm"]["found"] is False
     finding = run.finding("vllm-missing")
     assert finding["severity"] == "error" and "--vllm-dir" in finding["fix"]["text"]
-    assert report["gpu"]["gpus"][0]["name"] == "NVIDIA GeForce RTX 4090"  # NVML child found pynvml
+    assert report["gpu"]["gpus"][0]["name"] == "NVIDIA GeForce RTX 4090"  # from /proc/driver/nvidia
     assert consumer(report, "triton")["lacks"]  # the other consumers are still checked
     assert report["architectures"]["extensions"] == []
 
@@ -133,13 +142,23 @@ def test_guard_record_is_reported(pods, doctor, tmp_path: Path) -> None:
         [sys.executable, "-m", "vllm_tmaguard", "check", "--json"], env=env, capture_output=True, text=True
     )
     record = json.loads(check.stdout)
-    (tmp_path / "records").mkdir()
+    (tmp_path / "records").mkdir(mode=0o700)
     (tmp_path / "records" / "last.json").write_text(json.dumps(record))
     run = doctor(pod, "--json")
     assert run.report["record"]["found"] and run.report["record"]["record"]["summary"] == record["summary"]
     assert run.finding("record")["severity"] == "info" and run.returncode == 0
 
-    record["failed"] = ["could not load the overlay: read-only file system"]
+    record["outcome"] = "degraded"
+    record["problems"] = [
+        {
+            "code": "overlay-failed",
+            "cause": "could not load the overlay: read-only file system",
+            "consequence": "the shims stand in",
+            "fix": "see `tmaguard doctor`",
+            "symbol": None,
+            "subject": None,
+        }
+    ]
     record["libcuda"]["path"] = "/elsewhere/libcuda.so.1"
     (tmp_path / "records" / "last.json").write_text(json.dumps(record))
     run = doctor(pod, "--json")
@@ -190,3 +209,17 @@ def test_only_this_interpreters_abi_counts_and_missing_files_are_one_finding(pod
     # The guard reads the same: one deep_gemm._C among the extensions whose needs it supplies.
     guard_view = probe_vllm(str(package))
     assert [e.module for e in guard_view.extensions].count("vllm.third_party.deep_gemm._C") == 1
+
+
+def test_a_refused_record_directory_is_a_finding(pods, doctor, tmp_path: Path) -> None:
+    """TMAGUARD_RECORD_DIR open to everyone: the guard refuses it and writes to its default directory; the
+    doctor says so, and does not call the pod healthy when no record is there either."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    pod = pods("bare")
+    run = doctor(pod, "--json", env={"TMAGUARD_RECORD_DIR": str(shared), "HOME": str(tmp_path)})
+    finding = run.finding("record-dir-refused")
+    assert finding["severity"] == "warning" and run.returncode == 1
+    assert f"{shared} has mode 0777: everyone can enter it" in finding["detail"]
+    assert run.report["record"]["path"] == f"/tmp/tmaguard-{os.getuid()}/last.json"

@@ -55,7 +55,7 @@ def test_readable_output_of_the_command(pods, doctor) -> None:
         assert heading in lines
     assert any(line.startswith("ERROR") and "triton: libcuda.so.1 lacks" in line for line in lines)
     assert re.fullmatch(r"3 problems found \(exit 1\), [0-9.]+ ms", lines[-1].rstrip()), lines[-1]
-    assert 'value: "auto"' in run.stdout
+    assert 'TMAGUARD_OVERLAY: "auto"' in run.stdout  # the line for the toggles' ConfigMap
 
 
 @pytest.mark.parametrize(
@@ -65,11 +65,6 @@ def test_readable_output_of_the_command(pods, doctor) -> None:
         (["--nvml-timeout", "soon"], {}, "'soon' is not a number of seconds"),
         (["--vllm-dir", "/nonexistent"], {}, "'/nonexistent' is not a directory"),
         (["--frobnicate"], {}, "unrecognized arguments: --frobnicate"),
-        (
-            [],
-            {"TMAGUARD_MODE": "fix-it"},
-            "TMAGUARD_MODE='fix-it' is not valid; allowed: auto | validate | off",
-        ),
     ],
 )
 def test_usage_errors_exit_2(pods, doctor, args: list[str], env: dict[str, str], message: str) -> None:
@@ -77,12 +72,28 @@ def test_usage_errors_exit_2(pods, doctor, args: list[str], env: dict[str, str],
     assert run.returncode == 2 and run.stdout == "" and message in run.stderr
 
 
+def test_a_bad_toggle_is_a_finding_and_the_rest_is_still_examined(pods, doctor) -> None:
+    """The guard falls back to the toggle's default (it never drops the symbol fix for a typo): the doctor
+    reports what the guard will do, and the typo as a problem with its fix."""
+    run = doctor(pods("vcuda"), "--json", env={"TMAGUARD_MODE": "fix-it", "TMAGUARD_GEMM": "bogus"})
+    assert run.returncode == 1
+    titles = [f["title"] for f in run.report["findings"] if f["id"] == "toggle-invalid"]
+    assert any("TMAGUARD_MODE='fix-it'" in title for title in titles), titles
+    mode = next(f for f in run.report["findings"] if "TMAGUARD_MODE" in f["title"])
+    assert "auto | validate | off" in mode["fix"]["text"]
+    assert [s["library"] for s in run.report["guard"]["supplies"]] == ["overlay"]  # the fix still planned
+
+
 def test_console_script_and_help(pods) -> None:
     script = Path(sys.executable).parent / "tmaguard"
     env = scrubbed_environ(PRINTING) | pods("bare").env
     done = subprocess.run([str(script), "doctor", "--help"], env=env, capture_output=True, text=True)
-    assert done.returncode == 0 and "Exit status: 0 healthy, 1 problems found, 2 usage error" in done.stdout
+    usage = " ".join(done.stdout.split())
+    assert (
+        done.returncode == 0
+        and "Exit status: 0 healthy, 1 problems found (a bad TMAGUARD_* value too)" in usage
+    )
     done = subprocess.run([str(script), "doctor", "--json"], env=env, capture_output=True, text=True)
-    assert done.returncode == 0 and json.loads(done.stdout)["schema"] == "tmaguard.doctor/1"
+    assert done.returncode == 0 and json.loads(done.stdout)["schema"] == "tmaguard.doctor/2"
     listed = subprocess.run([str(script), "--help"], env=env, capture_output=True, text=True).stdout
     assert "doctor" in listed and "check" in listed

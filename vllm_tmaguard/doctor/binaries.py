@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..catalogue import overlay_path
 from ..consumers import Consumer
-from ..decision import Supply
+from ..elf import ElfError, read_elf
 from ..facts import DriverFacts
 from ..fatbin import FatbinError, coverage, read_fatbin, sm_name
+from ..supply import Supply
 from ..vllm_probe import extension_modules
 
 
@@ -57,13 +59,26 @@ def architectures(fatbins: list[tuple[str, str, Any]], capabilities: list[tuple[
     return {"devices": [sm_name(c) for c in capabilities], "extensions": extensions}
 
 
+def overlay_exports() -> frozenset[str]:
+    """Every driver entry point the shipped overlay carries (read from its file, not from a list of ours)."""
+    try:
+        return read_elf(overlay_path(), prefixes=(b"cu",)).defined
+    except ElfError:
+        return frozenset()
+
+
 def consumer_rows(
-    consumers: list[Consumer], driver: DriverFacts, supplies: tuple[Supply, ...], active: bool
+    consumers: list[Consumer],
+    driver: DriverFacts,
+    supplies: tuple[Supply, ...],
+    active: bool,
+    overlay_answers: frozenset[str],
 ) -> list[dict[str, Any]]:
     """Each consumer's needs against what libcuda.so.1 exports, and what covers each gap: "overlay" (the
-    guard's overlay becomes the process's libcuda.so.1: every consumer sees it), "shim" (RTLD_GLOBAL: only
-    global-scope consumers see it), "off" (the guard would, but is off or not hooked in), "none"."""
-    overlay = {s for supply in supplies if supply.library == "overlay" for s in supply.symbols}
+    guard's overlay becomes the process's libcuda.so.1 and answers every entry point it carries, from the
+    real driver where the layer lacks it: `overlay_answers`), "shim" (RTLD_GLOBAL: only global-scope
+    consumers see it), "off" (the guard would, but is off or not hooked in), "none"."""
+    overlay = overlay_answers if any(supply.library == "overlay" for supply in supplies) else frozenset()
     shims = {s for supply in supplies if supply.library != "overlay" for s in supply.symbols}
     rows = []
     for consumer in consumers:
@@ -86,6 +101,7 @@ def consumer_rows(
                 "coverage": cover,
                 "evidence": consumer.evidence,
                 "error": consumer.error,
+                "absent": consumer.absent,
             }
         )
     return rows

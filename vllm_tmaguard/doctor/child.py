@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import dataclasses
 import json
 import os
 import sys
@@ -210,7 +209,8 @@ def run(mode: str, args: dict[str, Any]) -> dict[str, Any]:
     if mode == "nvml":
         from vllm_tmaguard.nvml import probe_with_nvml
 
-        return dataclasses.asdict(probe_with_nvml())
+        facts = probe_with_nvml()
+        return {**facts._asdict(), "gpus": [gpu._asdict() for gpu in facts.gpus]}
     out: dict[str, Any] = {"guard": None, "binding": None, "cuda_python": None, "error": None}
     try:
         if mode == "guarded":
@@ -219,7 +219,9 @@ def run(mode: str, args: dict[str, Any]) -> dict[str, Any]:
 
             record = activate("doctor-active")
             out["guard"] = (
-                None if record is None else {k: record.get(k) for k in ("summary", "actions", "failed")}
+                None
+                if record is None
+                else {k: record.get(k) for k in ("outcome", "summary", "actions", "problems")}
             )
             out["binding"] = binding_check()
         out["cuda_python"] = cuda_python_check()

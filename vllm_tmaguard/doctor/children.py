@@ -1,5 +1,5 @@
-"""The doctor's child processes: NVML (started first, so the file probes overlap it) and the --active checks,
-each killed with its process group at its time limit. What runs inside them is child.py."""
+"""The doctor's child processes for --active (NVML, then CUDA through the pod's libcuda.so.1), each killed
+with its process group at its time limit. What runs inside them is child.py."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import sys
 import time
 from typing import Any
 
-from ..gpu import Gpu, GpuFacts
 from .constants import RESULT_TAG
 
 DEFAULT_NVML_TIMEOUT = 5.0
@@ -81,32 +80,6 @@ class ChildRun:
         return result, run
 
 
-def start_gpu_query(timeout: float) -> ChildRun:
-    return ChildRun.start("nvml", {}, timeout)
-
-
-def gpu_facts_from(result: dict[str, Any] | None, run: dict[str, Any]) -> GpuFacts:
-    """GpuFacts from the child's answer, or one whose error says why there is none."""
-    if result is None:
-        if run["timed_out"]:
-            why = f"NVML did not answer within {run['timeout_s']:g} s (the query was killed)"
-        else:
-            why = f"the NVML query process exited with status {run['exit_status']} before answering"
-            if run["stderr_tail"]:
-                why += f": {run['stderr_tail'].splitlines()[-1]}"
-        return GpuFacts(error=why, source="nvml (child process)")
-    gpus = tuple(
-        Gpu(**{**gpu, "compute_capability": tuple(gpu["compute_capability"])}) for gpu in result["gpus"]
-    )
-    return GpuFacts(
-        gpus=gpus,
-        driver_version=result.get("driver_version"),
-        cuda_driver_version=result.get("cuda_driver_version"),
-        error=result.get("error"),
-        source="nvml (child process)",
-    )
-
-
 # --active: CUDA initialised in child processes through the pod's own libcuda.so.1
 
 SHIM_SOURCES = {
@@ -119,11 +92,13 @@ SHIM_SOURCES = {
 }
 
 
-def run_active(timeout: float) -> dict[str, Any]:
-    """The plain and the guarded check (child.py), one child process each, one after the other."""
+def run_active(timeout: float, nvml_timeout: float = DEFAULT_NVML_TIMEOUT) -> dict[str, Any]:
+    """NVML (the pod's libnvidia-ml.so.1: in a vCUDA pod the layer itself), then the plain and the guarded
+    CUDA check (child.py), one child process each, one after the other."""
     import shutil  # only --active needs these: the passive doctor's start-up stays short
     import tempfile
 
+    nvml, nvml_run = ChildRun.start("nvml", {}, nvml_timeout).collect()
     plain, plain_run = ChildRun.start("plain", {}, timeout).collect()
     record_dir = tempfile.mkdtemp(prefix="tmaguard-doctor-")
     try:
@@ -133,4 +108,8 @@ def run_active(timeout: float) -> dict[str, Any]:
     binding = (guarded or {}).get("binding")
     if binding and binding.get("shim_source") is not None:
         binding["shim_source_means"] = SHIM_SOURCES.get(binding["shim_source"], "unknown")
-    return {"plain": {"result": plain, "run": plain_run}, "guarded": {"result": guarded, "run": guarded_run}}
+    return {
+        "nvml": {"result": nvml, "run": nvml_run},
+        "plain": {"result": plain, "run": plain_run},
+        "guarded": {"result": guarded, "run": guarded_run},
+    }

@@ -8,7 +8,7 @@ import os
 import sys
 import time
 
-from ..toggles import ToggleError, parse_toggles
+from ..toggles import read_toggles
 from ..trust import redact
 from .children import DEFAULT_ACTIVE_TIMEOUT, DEFAULT_NVML_TIMEOUT
 from .constants import SCHEMA
@@ -40,8 +40,8 @@ def parser() -> argparse.ArgumentParser:
     command = argparse.ArgumentParser(
         prog="tmaguard doctor",
         description="Why vLLM fails (or would fail) on this pod, and the exact fix. Passive by default: no "
-        "torch or vLLM import, no CUDA context in this process; NVML is asked in a child process.",
-        epilog="Exit status: 0 healthy, 1 problems found, 2 usage error (a bad option or TMAGUARD_* value).",
+        "torch or vLLM import, no CUDA context, no NVML (the GPUs from /proc/driver/nvidia).",
+        epilog="Exit status: 0 healthy, 1 problems found (a bad TMAGUARD_* value too), 2 usage error.",
     )
     command.add_argument(
         "--json", dest="as_json", action="store_true", help=f"print the report as JSON ({SCHEMA})"
@@ -57,7 +57,7 @@ def parser() -> argparse.ArgumentParser:
         type=_seconds(0.1),
         default=DEFAULT_NVML_TIMEOUT,
         metavar="SECONDS",
-        help=f"how long the NVML child process may take (default {DEFAULT_NVML_TIMEOUT:g})",
+        help=f"with --active: how long the NVML child process may take (default {DEFAULT_NVML_TIMEOUT:g})",
     )
     command.add_argument(
         "--active-timeout",
@@ -79,11 +79,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     """`tmaguard doctor ARGS`; returns the exit status."""
     args = parser().parse_args(argv)  # exits 2 on a usage error
-    try:
-        toggles = parse_toggles(os.environ)
-    except ToggleError as error:
-        print(f"tmaguard doctor: error: {error}", file=sys.stderr)
-        return 2
+    toggles, toggle_problems = read_toggles(os.environ)  # a bad one is a finding, as the guard falls back
     started = time.perf_counter()
     try:
         gathered = gather(
@@ -94,6 +90,7 @@ def main(argv: list[str]) -> int:
             active=args.active,
             active_timeout=args.active_timeout,
         )
+        gathered["toggle_problems"] = [problem.to_json() for problem in toggle_problems]
         report = conclude(gathered)
     except Exception as error:  # a bug of ours: one clear line, not a traceback
         print(redact(f"tmaguard doctor: internal error: {type(error).__name__}: {error}"), file=sys.stderr)

@@ -11,12 +11,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from .. import __version__
-from ..decision import Supply
-from ..libraries import SHIM_FILES, overlay_path, shim_path
+from ..catalogue import SHIM_FILES, overlay_path, shim_path
+from ..store import record_dir_to_read
+from ..supply import Supply
 
 
 def _library_file(supply: Supply) -> str | None:
-    """The file the guard loads for one supply (a shim, or the overlay variant for its groups)."""
+    """The file the guard loads for one supply (a shim, or the overlay)."""
     if supply.library == "overlay":
         return overlay_path()
     return shim_path(supply.library) if supply.library in SHIM_FILES else None
@@ -59,7 +60,7 @@ def guard_hooks(
             {
                 "library": supply.library,
                 "symbols": list(supply.symbols),
-                "how": supply.how,
+                "fallback": list(supply.fallback),
                 "file": path,
                 "file_exists": path is not None and os.path.exists(path),
             }
@@ -76,9 +77,14 @@ def guard_hooks(
     }
 
 
-def read_record(record_dir: str) -> dict[str, Any]:
-    path = os.path.join(record_dir, "last.json")
-    out: dict[str, Any] = {"path": path, "found": False, "age_s": None, "error": None, "record": None}
+def read_record(asked_dir: str) -> dict[str, Any]:
+    """The guard's last record where the guard put it for TMAGUARD_RECORD_DIR=`asked_dir` (store.py)."""
+    where = record_dir_to_read(asked_dir)
+    path = os.path.join(where.path or asked_dir, "last.json")
+    out: dict[str, Any] = {
+        "path": path, "asked": asked_dir, "refused": where.refused,
+        "found": False, "age_s": None, "error": None, "record": None,
+    }  # fmt: skip
     try:
         with open(path) as file:
             out["record"] = json.load(file)

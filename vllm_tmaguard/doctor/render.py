@@ -1,14 +1,21 @@
-"""The report for people (rich: colours only on a terminal, 100 columns when not on one) and for programs
-(JSON, schema in docs/doctor.md)."""
+"""The report for people (rich: colours only on a terminal, 100 columns when not on one, no trailing spaces)
+and for programs (JSON, schema in docs/doctor.md). One function per section."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import sys
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from .findings.base import PROBLEMS
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+
+STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan", "ok": "green"}
 
 
 def render_json(report: dict[str, Any]) -> str:
@@ -16,67 +23,76 @@ def render_json(report: dict[str, Any]) -> str:
 
 
 def render_text(report: dict[str, Any], file: TextIO | None = None) -> None:
-    """The report for people (rich); colours only on a terminal, 100 columns when not on one."""
-    from rich import box
-    from rich.console import Console, Group
+    """The report for people. Off a terminal it is written without colour and without the spaces rich pads
+    each line with (they would land in log files and diffs)."""
+    from rich.console import Console
+
+    out = file or sys.stdout
+    terminal = out.isatty()
+    buffer = out if terminal else io.StringIO()
+    width = None if terminal or "COLUMNS" in os.environ else 100
+    console = Console(file=buffer, highlight=False, width=width, force_terminal=terminal or None)
+    for section in (_header, _facts, _consumers, _architectures, _routing, _findings, _fix, _summary):
+        section(console, report)
+    if not terminal:
+        out.write("".join(line.rstrip() + "\n" for line in buffer.getvalue().splitlines()))
+
+
+def _grid(label_width: int) -> Table:
     from rich.table import Table
+
+    table = Table.grid(padding=(0, 2))
+    table.add_column(no_wrap=True, width=label_width, style="bold")
+    table.add_column(overflow="fold", ratio=1)
+    return table
+
+
+def _table(*columns: tuple[str, dict[str, Any]]) -> Table:
+    from rich import box
+    from rich.table import Table
+
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    for name, options in columns:
+        table.add_column(name, **options)
+    return table
+
+
+def _section(console: Console, title: str) -> None:
     from rich.text import Text
 
-    console = Console(file=file or sys.stdout, highlight=False)
-    if not console.is_terminal and "COLUMNS" not in os.environ:
-        console.width = 100
-    style = {"error": "bold red", "warning": "yellow", "info": "cyan", "ok": "green"}
+    console.print()
+    console.print(Text(title, style="bold underline"))
 
-    def grid(label_width: int) -> Table:
-        table = Table.grid(padding=(0, 2))
-        table.add_column(no_wrap=True, width=label_width, style="bold")
-        table.add_column(overflow="fold", ratio=1)
-        return table
 
-    def section(title: str) -> None:
-        console.print()
-        console.print(Text(title, style="bold underline"))
+def _header(console: Console, report: dict[str, Any]) -> None:
+    from rich.text import Text
 
     how = (
-        "active: CUDA initialised in child processes"
+        "active: NVML and CUDA initialised in child processes"
         if report["active"]
-        else "passive: no torch or vLLM import, no CUDA context; NVML asked in a child process"
+        else "passive: no torch or vLLM import, no CUDA context, no NVML"
     )
     console.print(Text(f"tmaguard doctor {report['tmaguard']} ({how})", style="bold"))
     console.print()
 
-    facts = grid(12)
+
+def _facts(console: Console, report: dict[str, Any]) -> None:
+    facts = _grid(12)
     gpu = report["gpu"]
     for g in gpu["gpus"]:
-        mig = {True: "MIG on", False: "MIG off", None: "MIG n/a"}[g["mig"]]
-        facts.add_row(
-            f"GPU {g['index']}",
-            f"{g['name']}, {g['compute_capability']} ({g['sm']}), {mig}, "
-            f"virtualization {g['virtualization'] or 'n/a'}",
-        )
+        capability = f"{g['compute_capability']} ({g['sm']})" if g["compute_capability"] else "unknown model"
+        facts.add_row(f"GPU {g['index']}", f"{g['name']}, {capability}")
     if gpu["gpus"]:
         cuda = gpu["cuda_driver_version"]
         cuda_text = f" (CUDA {cuda // 1000}.{cuda % 1000 // 10})" if cuda else ""
         facts.add_row("Driver", f"{gpu['driver_version']}{cuda_text}")
     else:
-        facts.add_row("GPU", gpu["error"] or "none (NVML: 0 devices)")
+        facts.add_row("GPU", gpu["error"] or "none given to this container")
     for layer in report["layers"]:
-        facts.add_row("Layer", f"{layer['name']} ({'; '.join(layer['evidence'])})")
+        facts.add_row("Layer", f"{layer['label']} ({'; '.join(layer['evidence'])})")
     if not report["layers"]:
         facts.add_row("Layer", "none detected")
-    libcuda = report["libcuda"]
-    if libcuda["path"]:
-        line = f"{libcuda['path']} (via {libcuda['how']}), SONAME {libcuda['soname']}"
-        if libcuda["overlay_of"]:
-            line += f"; the guard's overlay in front of {libcuda['overlay_of']}"
-        if libcuda["real_driver"]:
-            line += f"; real driver beside it: {libcuda['real_driver']}"
-        if libcuda["error"]:
-            line += f"; unreadable: {libcuda['error']}"
-        facts.add_row("libcuda.so.1", line)
-    else:
-        skipped = f" (passed over: {'; '.join(libcuda['skipped'])})" if libcuda["skipped"] else ""
-        facts.add_row("libcuda.so.1", "not found" + skipped)
+    facts.add_row("libcuda.so.1", _libcuda_line(report["libcuda"]))
     vllm = report["vllm"]
     facts.add_row("vLLM", f"{vllm['version']} at {vllm['package_dir']}" if vllm["found"] else "not found")
     guard = report["guard"]
@@ -91,77 +107,111 @@ def render_text(report: dict[str, Any], file: TextIO | None = None) -> None:
     facts.add_row(
         "Guard",
         f"{guard['version']}, TMAGUARD_MODE={report['toggles']['mode']}, runs through "
-        f"{' and '.join(hooks) or 'nothing'}: {report['decision'].get('summary')}",
+        f"{' and '.join(hooks) or 'nothing'}: {report['decision']['summary']}",
     )
     record = report["record"]
     if record["found"]:
         last = record["record"]
         facts.add_row("Last record", f"{record['path']}: {last.get('time')}, {last.get('summary')}")
     else:
-        facts.add_row(
-            "Last record", f"none at {record['path']}" + (f" ({record['error']})" if record["error"] else "")
-        )
+        why = f" ({record['error']})" if record["error"] else ""
+        facts.add_row("Last record", f"none at {record['path']}{why}")
     console.print(facts)
+
+
+def _libcuda_line(libcuda: dict[str, Any]) -> str:
+    if not libcuda["path"]:
+        skipped = f" (passed over: {'; '.join(libcuda['skipped'])})" if libcuda["skipped"] else ""
+        return "not found" + skipped
+    line = f"{libcuda['path']} (via {libcuda['how']})"
+    if libcuda["overlay_of"]:
+        line += f": tmaguard's overlay in front of {libcuda['overlay_of']}"
+    else:
+        line += f", SONAME {libcuda['soname']}"
+    if libcuda["real_driver"]:
+        line += f"; real driver beside it: {libcuda['real_driver']}"
+    if libcuda["error"]:
+        line += f"; unreadable: {libcuda['error']}"
+    return line
+
+
+def _consumers(console: Console, report: dict[str, Any]) -> None:
+    from rich.text import Text
 
     known = report["libcuda"]["path"] is not None and not report["libcuda"]["error"]
     rows = [r for r in report["consumers"] if (r["needs"] and known) or r["error"]]
-    if rows:
-        section("Driver entry points by consumer")
-        table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
-        table.add_column("consumer", no_wrap=True)
-        table.add_column("asks", overflow="fold", ratio=2)
-        table.add_column("libcuda.so.1 lacks", overflow="fold", ratio=4)
-        table.add_column("covered by", overflow="fold", ratio=2)
-        for r in rows:
-            asks = "its own handle" if r["scope"] == "handle" else "global scope"
-            if r["error"]:
-                table.add_row(r["name"], asks, Text(f"unreadable: {r['error']}", style="red"), "")
-                continue
-            lacks = "?" if r["lacks"] is None else ", ".join(r["lacks"]) or "-"
-            cover = ", ".join(sorted(set(r["coverage"].values()))) or "-"
-            table.add_row(r["name"], asks, lacks, cover)
-        console.print(table)
+    if not rows:
+        return
+    _section(console, "Driver entry points by consumer")
+    table = _table(
+        ("consumer", {"no_wrap": True}),
+        ("asks", {"overflow": "fold", "ratio": 2}),
+        ("libcuda.so.1 lacks", {"overflow": "fold", "ratio": 4}),
+        ("covered by", {"overflow": "fold", "ratio": 2}),
+    )
+    for r in rows:
+        asks = "its own handle" if r["scope"] == "handle" else "global scope"
+        if r["error"]:
+            table.add_row(r["name"], asks, Text(f"unreadable: {r['error']}", style="red"), "")
+            continue
+        lacks = "?" if r["lacks"] is None else ", ".join(r["lacks"]) or "-"
+        cover = ", ".join(sorted(set(r["coverage"].values()))) or "-"
+        table.add_row(r["name"], asks, lacks, cover)
+    console.print(table)
+
+
+def _architectures(console: Console, report: dict[str, Any]) -> None:
+    from rich.text import Text
 
     architectures = report["architectures"]
-    if architectures["extensions"]:
-        devices = architectures["devices"]
-        section("GPU code in vLLM's extensions")
-        table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
-        table.add_column("extension", no_wrap=True)
-        table.add_column("SASS", overflow="fold", ratio=4)
-        table.add_column("PTX", overflow="fold", ratio=3)
-        for sm in devices:
-            table.add_column(f"on {sm}", overflow="fold", ratio=3)
-        for e in architectures["extensions"]:
-            if e["error"]:
-                table.add_row(
-                    e["module"], Text(f"unreadable: {e['error']}", style="red"), "", *["" for _ in devices]
-                )
-                continue
-            cells = []
-            for sm in devices:
-                c = e["coverage"][sm]
-                if c["verdict"] == "partial":
-                    cells.append(
-                        f"native in {c['native']} of {e['fatbins']}"
-                        + (f", JIT {c['jit']}" if c["jit"] else "")
-                    )
-                else:
-                    cells.append({"jit": "PTX JIT only", "none": "none"}.get(c["verdict"], c["verdict"]))
-            table.add_row(e["module"], " ".join(e["sass"]) or "-", " ".join(e["ptx"]) or "-", *cells)
-        console.print(table)
+    if not architectures["extensions"]:
+        return
+    devices = architectures["devices"]
+    _section(console, "GPU code in vLLM's extensions")
+    table = _table(
+        ("extension", {"no_wrap": True}),
+        ("SASS", {"overflow": "fold", "ratio": 4}),
+        ("PTX", {"overflow": "fold", "ratio": 3}),
+        *((f"on {sm}", {"overflow": "fold", "ratio": 3}) for sm in devices),
+    )
+    for e in architectures["extensions"]:
+        if e["error"]:
+            table.add_row(
+                e["module"], Text(f"unreadable: {e['error']}", style="red"), "", *["" for _ in devices]
+            )
+            continue
+        cells = [_coverage_cell(e["coverage"][sm], e["fatbins"]) for sm in devices]
+        table.add_row(e["module"], " ".join(e["sass"]) or "-", " ".join(e["ptx"]) or "-", *cells)
+    console.print(table)
 
+
+def _coverage_cell(coverage: dict[str, Any], fatbins: int) -> str:
+    if coverage["verdict"] == "partial":
+        return f"native in {coverage['native']} of {fatbins}" + (
+            f", JIT {coverage['jit']}" if coverage["jit"] else ""
+        )
+    return {"jit": "PTX JIT only", "none": "none"}.get(coverage["verdict"], coverage["verdict"])
+
+
+def _routing(console: Console, report: dict[str, Any]) -> None:
     routing = report["decision"].get("routing") or {}
-    if routing.get("families"):
-        section("Kernel routing (what the guard sets in vLLM processes)")
-        plan = grid(22)
-        for family in routing["families"]:
-            plan.add_row(family["family"], f"{family['path']} ({family['why']})")
-        for key, value in (routing.get("env") or {}).items():
-            plan.add_row("sets", f"{key}={value}")
-        console.print(plan)
+    if not routing.get("families"):
+        return
+    _section(console, "Kernel routing (what the guard sets in vLLM processes)")
+    plan = _grid(22)
+    for family in routing["families"]:
+        plan.add_row(family["family"], f"{family['path']} ({family['why']})")
+    for key, value in (routing.get("env") or {}).items():
+        plan.add_row("sets", f"{key}={value}")
+    console.print(plan)
 
-    section("Findings")
+
+def _findings(console: Console, report: dict[str, Any]) -> None:
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    _section(console, "Findings")
     findings = Table.grid(padding=(0, 2))
     findings.add_column(no_wrap=True, width=7)
     findings.add_column(overflow="fold", ratio=1)
@@ -174,28 +224,30 @@ def render_text(report: dict[str, Any], file: TextIO | None = None) -> None:
             text = finding["fix"]["text"]
             body.append(Text("fix: " + (text if text not in shown else "as above"), style="italic"))
             shown.add(text)
-        findings.add_row(Text(finding["severity"].upper(), style=style[finding["severity"]]), Group(*body))
+        findings.add_row(Text(finding["severity"].upper(), style=STYLE[finding["severity"]]), Group(*body))
     console.print(findings)
 
+
+def _fix(console: Console, report: dict[str, Any]) -> None:
     fix = report["fix"]
-    if fix["steps"] or fix["manifest"]:
-        section("Fix")
-        steps = Table.grid(padding=(0, 1))
-        steps.add_column(no_wrap=True)
-        steps.add_column(overflow="fold", ratio=1)
-        for number, step in enumerate(fix["steps"], 1):
-            steps.add_row(f"{number}.", step)
-        console.print(steps)
-        if fix["manifest"]:
-            console.print("In the container spec:")
-            for line in fix["manifest"].splitlines():
-                console.print("  " + line, overflow="fold")
+    if not (fix["steps"] or fix["manifest"]):
+        return
+    _section(console, "Fix")
+    steps = _grid(3)
+    for number, step in enumerate(fix["steps"], 1):
+        steps.add_row(f"{number}.", step)
+    console.print(steps)
+    if fix["manifest"]:
+        console.print("In the manifests (deploy/k8s):")
+        for line in fix["manifest"].splitlines():
+            console.print("  " + line, overflow="fold")
+
+
+def _summary(console: Console, report: dict[str, Any]) -> None:
+    from rich.text import Text
+
     problems = sum(f["severity"] in PROBLEMS for f in report["findings"])
     console.print()
     summary = "healthy" if not problems else f"{problems} problem{'s' if problems > 1 else ''} found"
-    console.print(
-        Text(
-            f"{summary} (exit {report['exit_code']}), {report['elapsed_ms']} ms",
-            style="bold green" if not problems else "bold red",
-        )
-    )
+    style = "bold green" if not problems else "bold red"
+    console.print(Text(f"{summary} (exit {report['exit_code']}), {report['elapsed_ms']} ms", style=style))

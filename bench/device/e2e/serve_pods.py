@@ -67,9 +67,20 @@ def real_driver() -> str:
 
 POD_SH = ROOT / "bench/device/real_layers/pod.sh"
 # What a real-layer pod's processes get (pod.sh starts them with `env -i`): the run's own settings.
-PASSED = ("PYTHONPATH", "PYTHONUNBUFFERED", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "VLLM_NO_USAGE_STATS",
-          "VLLM_USE_FLASHINFER_SAMPLER", "DO_NOT_TRACK", "TMAGUARD_RECORD_DIR", "VLLM_CACHE_ROOT",
-          "CUDA_CACHE_PATH", "CUDA_CACHE_MAXSIZE", "TMPDIR")
+PASSED = (
+    "PYTHONPATH",
+    "PYTHONUNBUFFERED",
+    "HF_HUB_OFFLINE",
+    "TRANSFORMERS_OFFLINE",
+    "VLLM_NO_USAGE_STATS",
+    "VLLM_USE_FLASHINFER_SAMPLER",
+    "DO_NOT_TRACK",
+    "TMAGUARD_RECORD_DIR",
+    "VLLM_CACHE_ROOT",
+    "CUDA_CACHE_PATH",
+    "CUDA_CACHE_MAXSIZE",
+    "TMPDIR",
+)
 
 
 def build_pod(name: str, shape: str | None) -> dict[str, str]:

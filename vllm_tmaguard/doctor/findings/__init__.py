@@ -51,8 +51,14 @@ def merged_fix(findings: list[dict[str, Any]]) -> dict[str, Any]:
         env.update(fix["env"])
         args += [a for a in fix["vllm_args"] if a not in args]
         manifest += [line for line in fix["manifest"] if line not in manifest]
-    if env:
-        manifest += ["env:"] + [f"  - name: {k}\n    value: {json.dumps(v)}" for k, v in env.items()]
+    toggles = {k: v for k, v in env.items() if k.startswith("TMAGUARD_")}
+    others = {k: v for k, v in env.items() if k not in toggles}
+    if toggles:  # the manifests set the toggles in one ConfigMap (deploy/k8s/base/tmaguard-toggles.yaml)
+        manifest += ["# ConfigMap tmaguard-toggles:", "data:"]
+        manifest += [f"  {k}: {json.dumps(v)}" for k, v in toggles.items()]
+    if others:
+        manifest += ["# the vLLM container:", "env:"]
+        manifest += [f"  - name: {k}\n    value: {json.dumps(v)}" for k, v in others.items()]
     if args:
         manifest += [f"args: {json.dumps(args)}  # added to vLLM's arguments"]
     return {"steps": steps, "env": env, "vllm_args": args, "manifest": "\n".join(manifest)}

@@ -1,10 +1,76 @@
-"""Findings from --active: what the plain and the guarded child processes got from CUDA (children.py)."""
+"""Findings from --active: what NVML and the plain and the guarded child processes got from CUDA
+(children.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from ...outcomes import OVERLAY_FAILED, SHIM_FAILED
 from .base import finding, fix
+
+_ACTION_FAILURES = frozenset({OVERLAY_FAILED, SHIM_FAILED})
+
+
+def nvml_findings(nvml: dict[str, Any]) -> list[dict[str, Any]]:
+    """What NVML answered in its child process (the pod's libnvidia-ml.so.1, as vLLM will ask it)."""
+    result, run = nvml["result"], nvml["run"]
+    if run["timed_out"]:
+        return [
+            finding(
+                "nvml-timeout",
+                "error",
+                f"NVML did not answer within {run['timeout_s']:g} s",
+                "The NVML query (in a child process) hung and was killed. vLLM detects CUDA through NVML at "
+                "start-up, so it hangs the same way.",
+                fix=fix(
+                    "Check the sharing layer's NVML and the daemon or socket it talks to (vCUDA: "
+                    "/etc/vcuda/vcuda.sock); rerun with --nvml-timeout SECONDS to wait longer."
+                ),
+            )
+        ]
+    if result is None or result.get("error"):
+        crashed = result is None
+        why = (
+            f"the NVML query process exited with status {run['exit_status']} before answering"
+            + (f": {run['stderr_tail'].splitlines()[-1]}" if run["stderr_tail"] else "")
+            if crashed
+            else result["error"]
+        )
+        return [
+            finding(
+                "nvml-crashed" if crashed else "nvml-error",
+                "error",
+                "NVML query crashed" if crashed else "NVML cannot report the GPUs",
+                f"{why}. vLLM detects CUDA through NVML: without it vLLM does not use the GPU.",
+                fix=fix(
+                    "Mount the driver's libnvidia-ml.so.1 (NVIDIA container toolkit, "
+                    "NVIDIA_DRIVER_CAPABILITIES=compute,utility) or fix the sharing layer's NVML."
+                ),
+            )
+        ]
+    findings = []
+    for gpu in result["gpus"]:
+        if gpu.get("mig"):
+            findings.append(
+                finding(
+                    "mig",
+                    "info",
+                    f"GPU {gpu['index']} is in MIG mode",
+                    "Each MIG instance is its own CUDA device; address it by its MIG UUID.",
+                    subject=str(gpu["index"]),
+                )
+            )
+        if gpu.get("virtualization") not in (None, "none"):
+            findings.append(
+                finding(
+                    "virtualization",
+                    "info",
+                    f"GPU {gpu['index']} virtualization mode: {gpu['virtualization']}",
+                    "An NVIDIA vGPU guest or pass-through: the driver inside is NVIDIA's.",
+                    subject=str(gpu["index"]),
+                )
+            )
+    return findings
 
 
 def _step_failure(result: dict[str, Any]) -> str:
@@ -43,8 +109,8 @@ def active_findings(report: dict[str, Any]) -> list[dict[str, Any]]:
     active = report["active_check"]
     if active is None:
         return []
-    findings = []
-    newer = any(int(g["compute_capability"].split(".")[0]) >= 9 for g in report["gpu"]["gpus"])
+    findings = nvml_findings(active["nvml"])
+    newer = any(g["capability"] and g["capability"][0] >= 9 for g in report["gpu"]["gpus"])
     for key in ("guarded", "plain"):
         result, run = active[key]["result"], active[key]["run"]
         if result is None or result.get("error"):
@@ -67,13 +133,14 @@ def active_findings(report: dict[str, Any]) -> list[dict[str, Any]]:
             continue
         if key == "guarded":
             guard = result.get("guard")
-            if guard and guard.get("failed"):
+            failed = [p for p in (guard or {}).get("problems") or [] if p["code"] in _ACTION_FAILURES]
+            if failed:
                 findings.append(
                     finding(
                         "active-guard-failed",
                         "error",
                         "The guard's actions failed in a fresh process",
-                        "; ".join(guard["failed"]),
+                        "; ".join(p["cause"] for p in failed),
                         subject=key,
                     )
                 )

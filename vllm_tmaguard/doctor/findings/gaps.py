@@ -3,12 +3,10 @@ guard, left to a guard that is off, or unfixed, and why; and consumers whose fil
 
 from __future__ import annotations
 
-import errno
-import os
 from typing import Any
 
-from ...consumers import LAUNCH_EX, PROC_ADDRESS_V2
-from ...layers import ENCODERS
+from ...catalogue import ENCODERS, LAUNCH_EX, PROC_ADDRESS_V2
+from ...outcomes import HANDLE_SCOPED_GAP
 from .base import SEVERITIES, finding, fix
 
 _HANDLE_EFFECTS = {
@@ -38,7 +36,6 @@ _EFFECT = {
 }
 # What vCUDA forks export beyond upstream vCUDA (layers.py tells the two apart by the same names).
 _FORK_EXPORTS = {PROC_ADDRESS_V2, *ENCODERS}
-_MISSING = os.strerror(errno.ENOENT)  # a consumer's error when its file is not there (elf.ElfError.why)
 
 
 def gap_findings(report: dict[str, Any]) -> list[dict[str, Any]]:
@@ -53,9 +50,9 @@ def gap_findings(report: dict[str, Any]) -> list[dict[str, Any]]:
 def _file_findings(consumers: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A damaged file is a finding of its own; missing files are one finding that lists them."""
     findings = []
-    missing = [row for row in consumers if row["error"] == _MISSING]
+    missing = [row for row in consumers if row["absent"]]
     for row in consumers:
-        if row["error"] and row["error"] != _MISSING:
+        if row["error"] and not row["absent"]:
             findings.append(
                 finding(
                     "consumer-unreadable",
@@ -86,11 +83,11 @@ def _handle_findings(report: dict[str, Any], readable: list[dict[str, Any]]) -> 
     gaps = [(row, [s for s, cover in row["coverage"].items() if cover == "none"]) for row in readable]
     gaps = [(row, lacking) for row, lacking in gaps if lacking and row["scope"] == "handle"]
     names = sorted({s for _, lacking in gaps for s in lacking})
-    vcuda = any(layer["name"].startswith("vcuda") for layer in report["layers"])
+    vcuda = any(layer["name"] in ("vcuda", "vcuda-fork") for layer in report["layers"])
     layer_build = f"use a build of the sharing layer whose libcuda.so.1 exports {', '.join(names)}" + (
         " (vCUDA forks do)" if vcuda and set(names) <= _FORK_EXPORTS else ""
     )
-    unfixed = report["decision"].get("unfixed") or []
+    gap_problems = [p for p in report["decision"]["problems"] if p["code"] == HANDLE_SCOPED_GAP]
     findings = []
     for row, lacking in gaps:
         effects = sorted(
@@ -98,7 +95,7 @@ def _handle_findings(report: dict[str, Any], readable: list[dict[str, Any]]) -> 
             key=lambda effect: SEVERITIES.index(effect[0]),
         )
         consequences = "; ".join(dict.fromkeys(e[1] for e in effects))
-        blockers = [u for u in unfixed if any(s in u for s in lacking)]
+        blockers = [p["cause"] for p in gap_problems if p["symbol"] in lacking]
         if report["toggles"].get("overlay") == "off":
             why = "TMAGUARD_OVERLAY=off keeps the guard's overlay out."
             remedy = fix("Let the guard load its overlay.", env={"TMAGUARD_OVERLAY": "auto"})

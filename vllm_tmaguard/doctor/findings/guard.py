@@ -3,16 +3,24 @@ vLLM processes started here with its libraries in place, and its last record."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
+from ...outcomes import (
+    ROUTING_IMPOSSIBLE,
+    ROUTING_OVERRIDE,
+    TOGGLE_INVALID,
+    TOGGLE_UNKNOWN,
+)
 from .base import finding, fix
 
 
 def decision_findings(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The guard's verdicts for a vLLM process started here (its record in validate mode)."""
     findings = []
     view = report["decision"]
     tma = view.get("tma")
-    sm90 = any(g["compute_capability"].startswith("9.") for g in report["gpu"]["gpus"])
+    sm90 = any(g["capability"][:1] == [9] for g in report["gpu"]["gpus"])
     if tma and sm90:
         findings.append(
             finding(
@@ -24,21 +32,38 @@ def decision_findings(report: dict[str, Any]) -> list[dict[str, Any]]:
                 tma["reason"],
             )
         )
-    routing = view.get("routing") or {}
-    if routing.get("error"):
-        findings.append(
-            finding(
-                "routing-error",
-                "error",
-                "The requested kernel routing cannot be had",
-                routing["error"],
-                fix=fix("Set TMAGUARD_GEMM=auto.", env={"TMAGUARD_GEMM": "auto"}),
+    for problem in [*view["problems"], *report.get("toggle_problems", [])]:
+        if problem["code"] == ROUTING_IMPOSSIBLE:
+            findings.append(
+                finding(
+                    "routing-error",
+                    "error",
+                    "The requested kernel routing cannot be had",
+                    f"{problem['cause']}: {problem['consequence']}",
+                    fix=fix("Set TMAGUARD_GEMM=auto.", env={"TMAGUARD_GEMM": "auto"}),
+                )
             )
-        )
-    for override in routing.get("overrides", []):
-        findings.append(
-            finding("routing-override", "warning", "The guard overrides one of your settings", override)
-        )
+        elif problem["code"] == ROUTING_OVERRIDE:
+            findings.append(
+                finding(
+                    "routing-override",
+                    "warning",
+                    "The guard overrides one of your settings",
+                    problem["cause"],
+                    subject=problem["subject"],
+                )
+            )
+        elif problem["code"] in (TOGGLE_INVALID, TOGGLE_UNKNOWN):
+            findings.append(
+                finding(
+                    "toggle-invalid" if problem["code"] == TOGGLE_INVALID else "toggle-unknown",
+                    "warning",
+                    f"{problem['cause']}: {problem['consequence']}",
+                    subject=problem["subject"],
+                    fix=fix(problem["fix"]),
+                )
+            )
+    routing = view.get("routing") or {}
     for hint in routing.get("hints", []):
         findings.append(
             finding(
@@ -76,6 +101,21 @@ def guard_findings(report: dict[str, Any]) -> list[dict[str, Any]]:
                 )
             )
     record = report["record"]
+    if record["refused"]:
+        where = os.path.dirname(record["path"])
+        found = "" if record["found"] else f"; no record there either ({record['path']})"
+        findings.append(
+            finding(
+                "record-dir-refused",
+                "warning",
+                "The guard refuses TMAGUARD_RECORD_DIR and writes its records elsewhere",
+                f"{record['refused']}. The guard falls back to {where}{found}.",
+                subject=record["asked"],
+                fix=fix(
+                    "Point TMAGUARD_RECORD_DIR at a directory only this user can enter (0700), or unset it."
+                ),
+            )
+        )
     if record["error"]:
         findings.append(
             finding(
@@ -98,20 +138,37 @@ def guard_findings(report: dict[str, Any]) -> list[dict[str, Any]]:
             )
         )
     else:
-        last = record["record"]
-        failed = last.get("failed") or []
-        written_with = (last.get("libcuda") or {}).get("path")
-        elsewhere = (
-            f" It was written with another libcuda.so.1 ({written_with}): perhaps by another container."
-            if written_with != report["libcuda"]["path"]
-            else ""
-        )
-        findings.append(
+        findings += _record_findings(record, report["libcuda"]["path"])
+    return findings
+
+
+def _record_findings(record: dict[str, Any], libcuda: str | None) -> list[dict[str, Any]]:
+    """The last record's outcome, and what it says about where records go."""
+    last = record["record"]
+    if last.get("schema") != 2:
+        return [
             finding(
-                "record",
-                "warning" if failed else "info",
-                f"The guard's last record ({last.get('trigger')}, pid {last.get('pid')}, {last.get('time')})",
-                (f"Failed: {'; '.join(failed)}. " if failed else "") + f"{last.get('summary')}.{elsewhere}",
+                "record-old",
+                "info",
+                "The guard's last record is from another version of vllm-tmaguard",
+                f"{record['path']}: schema {last.get('schema')!r}, this doctor reads schema 2.",
             )
+        ]
+    problems = last["problems"]
+    written_with = last["libcuda"]["path"]
+    elsewhere = (
+        f" It was written with another libcuda.so.1 ({written_with}): perhaps by another container."
+        if written_with != libcuda
+        else ""
+    )
+    causes = "; ".join(p["cause"] for p in problems)
+    findings = [
+        finding(
+            "record",
+            "warning" if last["outcome"] == "degraded" else "info",
+            f"The guard's last record ({last['trigger']}, pid {last['pid']}, {last['time']}): "
+            f"{last['outcome']}",
+            (f"Problems: {causes}. " if problems else "") + f"{last['summary']}.{elsewhere}",
         )
+    ]
     return findings

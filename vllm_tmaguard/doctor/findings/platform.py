@@ -1,5 +1,5 @@
-"""Findings about the platform: the GPUs (NVML), the libcuda.so.1 the loader gives, the installed vLLM, and
-the sharing layer with the caveats known from the field."""
+"""Findings about the platform: the GPUs (the kernel module's files), the libcuda.so.1 the loader gives,
+the installed vLLM, and the sharing layer with the caveats known from the field."""
 
 from __future__ import annotations
 
@@ -7,74 +7,46 @@ from typing import Any
 
 from .base import finding, fix
 
+_GPU_REQUEST = [
+    "runtimeClassName: nvidia  # the pod spec",
+    "resources:",
+    "  limits:",
+    "    nvidia.com/gpu: 1",
+]
+
 
 def gpu_findings(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The GPUs as the kernel module's files show them to this pod (gpu.py): read without NVML, which in a
+    vCUDA pod is the sharing layer (NVML itself: --active)."""
     gpu = report["gpu"]
-    query = gpu["query"]
-    findings = []
-    if query["timed_out"]:
-        findings.append(
+    if gpu["error"]:
+        return [
             finding(
-                "nvml-timeout",
+                "no-driver-module",
                 "error",
-                f"NVML did not answer within {query['timeout_s']:g} s",
-                "The NVML query (in a child process) hung and was killed. vLLM detects CUDA through NVML at "
-                "start-up, so it hangs the same way.",
+                "No NVIDIA kernel module visible",
+                f"{gpu['error']}: this container does not see the host's NVIDIA driver.",
                 fix=fix(
-                    "Check the sharing layer's NVML and the daemon or socket it talks to (vCUDA: "
-                    "/etc/vcuda/vcuda.sock); rerun with --nvml-timeout SECONDS to wait longer."
+                    "Run the pod on a GPU node with the NVIDIA container runtime and request a GPU.",
+                    manifest=_GPU_REQUEST,
                 ),
             )
-        )
-    elif gpu["error"]:
-        crashed = query["exit_status"] not in (0, None)
-        findings.append(
-            finding(
-                "nvml-crashed" if crashed else "nvml-error",
-                "error",
-                "NVML query crashed" if crashed else "NVML cannot report the GPUs",
-                f"{gpu['error']}. vLLM detects CUDA through NVML: without it vLLM does not use the GPU.",
-                fix=fix(
-                    "Mount the driver's libnvidia-ml.so.1 (NVIDIA container toolkit, "
-                    "NVIDIA_DRIVER_CAPABILITIES=compute,utility) or fix the sharing layer's NVML."
-                ),
-            )
-        )
-    elif not gpu["gpus"]:
-        findings.append(
+        ]
+    if not gpu["gpus"]:
+        return [
             finding(
                 "no-gpu",
                 "error",
-                "No NVIDIA GPU visible",
-                "NVML reports 0 devices: vLLM will not find a CUDA platform.",
+                "No NVIDIA GPU given to this container",
+                "The driver is loaded but no /dev/nvidiaN of its GPUs is in this container: vLLM will not "
+                "find a CUDA platform.",
                 fix=fix(
                     "Request a GPU for the container.",
-                    manifest=["resources:", "  limits:", "    nvidia.com/gpu: 1"],
+                    manifest=_GPU_REQUEST,
                 ),
             )
-        )
-    for g in gpu["gpus"]:
-        if g["mig"]:
-            findings.append(
-                finding(
-                    "mig",
-                    "info",
-                    f"GPU {g['index']} is in MIG mode",
-                    "Each MIG instance is its own CUDA device; address it by its MIG UUID.",
-                    subject=str(g["index"]),
-                )
-            )
-        if g["virtualization"] not in (None, "none"):
-            findings.append(
-                finding(
-                    "virtualization",
-                    "info",
-                    f"GPU {g['index']} virtualization mode: {g['virtualization']}",
-                    "An NVIDIA vGPU guest or pass-through: the driver inside is NVIDIA's.",
-                    subject=str(g["index"]),
-                )
-            )
-    return findings
+        ]
+    return []
 
 
 def libcuda_findings(report: dict[str, Any]) -> list[dict[str, Any]]:
@@ -130,17 +102,13 @@ def layer_findings(report: dict[str, Any]) -> list[dict[str, Any]]:
     findings = []
     exports = {row["name"]: row for row in report["consumers"]}
     vmm = exports.get("vllm.cumem_allocator")
+    overlay = report["libcuda"]["overlay_of"]
     for layer in report["layers"]:
         name = layer["name"]
-        findings.append(
-            finding(
-                "layer",
-                "info",
-                f"GPU-sharing layer: {name}",
-                "; ".join(layer["evidence"]),
-                subject=name,
-            )
-        )
+        title = f"GPU-sharing layer: {layer['label']}"
+        if overlay and layer is report["layers"][0]:
+            title += f", behind tmaguard's overlay (installed in front of {overlay})"
+        findings.append(finding("layer", "info", title, "; ".join(layer["evidence"]), subject=name))
         if name == "hami":
             findings.append(
                 finding(
