@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
+import sysconfig
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from podkit import DEFAULT_BUILD_DIR, Pod, build_pod, build_standins, child_environ, guard_lines
+from podkit import DEFAULT_BUILD_DIR, Pod, Run, build_pod, build_standins, child_environ, guard_lines
 from releasekit import Release, build_release
 
 UNIT_TESTS = Path(__file__).resolve().parent / "unit"
@@ -20,31 +19,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """`-m unit`: the pure steps (tests/unit, seconds); `-m pod`: everything that runs emulated pods."""
     for item in items:
         item.add_marker(pytest.mark.unit if item.path.is_relative_to(UNIT_TESTS) else pytest.mark.pod)
-
-
-@dataclass(frozen=True)
-class Run:
-    returncode: int
-    stdout: str
-    stderr: str
-    record_dir: Path
-
-    @property
-    def result(self) -> dict:
-        """The JSON the child printed after 'RESULT '."""
-        lines = [line for line in self.stdout.splitlines() if line.startswith("RESULT ")]
-        assert lines, f"child printed no RESULT line\nstdout:\n{self.stdout}\nstderr:\n{self.stderr}"
-        return json.loads(lines[-1].removeprefix("RESULT "))
-
-    def guard_lines(self) -> list[str]:
-        return guard_lines(self.stdout)
-
-    def last_record(self) -> dict:
-        return json.loads((self.record_dir / "last.json").read_text())
-
-    def record_of(self, pid: int) -> dict:
-        """One process's own record (children such as Humming's build helpers write theirs too)."""
-        return json.loads((self.record_dir / f"process-{pid}.json").read_text())
 
 
 @pytest.fixture(scope="session")
@@ -106,3 +80,21 @@ def run_python(tmp_path: Path) -> Callable[..., Run]:
         return Run(done.returncode, done.stdout, done.stderr, record_dir)
 
     return run
+
+
+@pytest.fixture(scope="session")
+def stock_python(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A Python whose site-packages holds everything this test environment has except vllm-tmaguard."""
+    root = tmp_path_factory.mktemp("stock-image")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
+    ours = Path(sysconfig.get_paths()["purelib"])
+    theirs = Path(
+        subprocess.run(
+            [str(root / "bin/python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()
+    )  # fmt: skip
+    for entry in ours.iterdir():
+        if not entry.name.startswith("vllm_tmaguard"):
+            (theirs / entry.name).symlink_to(entry)
+    return str(root / "bin/python")

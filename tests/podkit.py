@@ -9,6 +9,7 @@ subprocess needs to run "inside" it; `build_old_vllm` fakes vLLM 0.6.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import shutil
 import struct
@@ -99,6 +100,31 @@ def guard_lines(output: str) -> list[str]:
     long = [line for line in lines if len(line) > GUARD_LINE_LIMIT and "] {" not in line]
     assert not long, f"guard line over {GUARD_LINE_LIMIT} characters ({len(long[0])}):\n{long[0]}"
     return lines
+
+
+@dataclass(frozen=True)
+class Run:
+    returncode: int
+    stdout: str
+    stderr: str
+    record_dir: Path
+
+    @property
+    def result(self) -> dict:
+        """The JSON the child printed after 'RESULT '."""
+        lines = [line for line in self.stdout.splitlines() if line.startswith("RESULT ")]
+        assert lines, f"child printed no RESULT line\nstdout:\n{self.stdout}\nstderr:\n{self.stderr}"
+        return json.loads(lines[-1].removeprefix("RESULT "))
+
+    def guard_lines(self) -> list[str]:
+        return guard_lines(self.stdout)
+
+    def last_record(self) -> dict:
+        return json.loads((self.record_dir / "last.json").read_text())
+
+    def record_of(self, pid: int) -> dict:
+        """One process's own record (children such as Humming's build helpers write theirs too)."""
+        return json.loads((self.record_dir / f"process-{pid}.json").read_text())
 
 
 @dataclass(frozen=True)

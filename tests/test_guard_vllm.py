@@ -216,12 +216,19 @@ def test_strict_mode_spelt_as_a_mode_gets_a_hint(pods, run_python) -> None:
 
 
 def test_bad_toggle_in_strict_mode_stops_start_up(pods, run_python) -> None:
-    run = run_python(pods("vcuda"), RESOLVE_PLATFORM, {"TMAGUARD_LOG_FORMAT": "xml", "TMAGUARD_STRICT": "1"})
+    pod = pods("vcuda")
+    (pod.root / "dev").mkdir(exist_ok=True)
+    termination_log = pod.root / "dev/termination-log"  # the kubelet's file (terminationMessagePath)
+    termination_log.write_text("")
+    run = run_python(pod, RESOLVE_PLATFORM, {"TMAGUARD_LOG_FORMAT": "xml", "TMAGUARD_STRICT": "1"})
     assert run.returncode == 1 and "RESULT" not in run.stdout
     assert (
         "stopped start-up: TMAGUARD_LOG_FORMAT='xml' is not valid" in run.stderr
         and "text | json" in run.stderr
     )
+    (message,) = termination_log.read_text().splitlines()  # what `kubectl describe pod` shows
+    assert message.startswith("vllm-tmaguard (TMAGUARD_STRICT=1) stopped start-up: TMAGUARD_LOG_FORMAT='xml'")
+    assert message in run.stderr
 
 
 def test_unfixable_problem_warns_or_stops_in_strict_mode(pods, run_python) -> None:

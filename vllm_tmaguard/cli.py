@@ -27,7 +27,7 @@ def _toggles() -> Toggles:
     return toggles
 
 
-@app.command()
+@app.command(short_help="What the guard would find and do here; changes nothing.")
 def check(as_json: bool = typer.Option(False, "--json", help="print the record as JSON")) -> None:
     """What the guard would find and do in a vLLM process started here (changes nothing, loads nothing,
     calls nothing of the layer's)."""
@@ -40,7 +40,7 @@ def check(as_json: bool = typer.Option(False, "--json", help="print the record a
     raise typer.Exit(1 if level_of(record) == "warning" else 0)
 
 
-@app.command()
+@app.command(short_help="Print the last record the guard wrote in a vLLM process.")
 def record() -> None:
     """Print the last record the guard wrote in a vLLM process."""
     toggles = _toggles()
@@ -53,7 +53,7 @@ def record() -> None:
         raise typer.Exit(1) from None
 
 
-@app.command()
+@app.command(short_help="The overlay installed once per container, for the manifest.")
 def env(
     install_dir: str = typer.Option(
         "",
@@ -74,9 +74,28 @@ def env(
     raise typer.Exit(code)
 
 
+@app.command(short_help="Place the package in DIR for the stock vLLM image (no rebuild).")
+def inject(
+    target: str = typer.Argument(..., metavar="DIR", help="a volume the vLLM container mounts"),
+) -> None:
+    """Copy this package into DIR with a sitecustomize.py that arms the guard at interpreter start: the
+    stock vLLM image then runs the guard with DIR on PYTHONPATH, as a pip install would (an init container's
+    command; docs/operator.md)."""
+    from .inject import InjectError
+    from .inject import inject as place
+
+    try:
+        written = place(target)
+    except (InjectError, OSError) as error:
+        typer.echo(f"tmaguard inject: {target}: {error}", err=True)
+        raise typer.Exit(1) from error
+    typer.echo(f"placed {len(written)} files in {target}; in the vLLM container set PYTHONPATH={target}")
+
+
 @app.command(
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},
     add_help_option=False,
+    short_help="Why vLLM fails on this pod, and the exact fix.",
 )
 def doctor(ctx: typer.Context) -> None:
     """Why vLLM fails (or would fail) on this pod, and the exact fix (`tmaguard doctor --help`)."""

@@ -18,7 +18,7 @@ from .facts import Facts, probe
 from .gpu import probe_gpus
 from .outcomes import EXTENSION_UNREADABLE, ROOT_REFUSED, ROUTING_IMPOSSIBLE, Problem
 from .record import Record, assemble, emit, log_line
-from .routing import plan_routing
+from .routing import plan_routing_after
 from .store import open_record_dir, process_record_path, write_record
 from .supply import plan_supply
 from .toggles import read_toggles
@@ -31,12 +31,27 @@ _record_dir: str | None = None  # where the first activation wrote its record
 _log_format = "text"
 
 
+TERMINATION_LOG = "/dev/termination-log"  # Kubernetes' default terminationMessagePath
+
+
 class GuardStop(SystemExit):
     """Stops start-up in strict mode. A SystemExit, because vLLM's plugin loader swallows Exceptions."""
 
     def __init__(self, cause: str, fix: str) -> None:
         self.cause, self.fix = cause, fix
         super().__init__(f"vllm-tmaguard (TMAGUARD_STRICT=1) stopped start-up: {cause}. Fix: {fix}")
+
+
+def _told_kubernetes(stop: GuardStop, root: str) -> GuardStop:
+    """The stop's line where `kubectl describe pod` shows it: the container's termination message file,
+    appended to where the kubelet made one (never created: outside Kubernetes there is none)."""
+    try:
+        fd = os.open(os.path.join(root, TERMINATION_LOG.lstrip("/")), os.O_WRONLY | os.O_APPEND)
+        with os.fdopen(fd, "w") as file:
+            file.write(f"{stop.code}\n")
+    except OSError:
+        pass
+    return stop
 
 
 def activate(trigger: str) -> dict[str, Any] | None:
@@ -99,12 +114,7 @@ def _run(trigger: str) -> Record | None:
         clock.lap("supply")
         gpus = probe_gpus(toggles.root)
         clock.lap("gpus")
-        route = None
-        if plan.status in ("complete", "lacking"):
-            route = plan_routing(
-                gpus.capabilities(), gpus.cuda_driver_version, (plan.encoder.reachable, plan.encoder.reason),
-                plan.launch_ex, facts.vllm.version, facts.kernels_listed, toggles.gemm, facts.environ,
-            )  # fmt: skip
+        route = plan_routing_after(facts, gpus, plan, toggles.gemm)
         routed, routing_problems = apply_routing(route.routing, apply) if route else ((), ())
         clock.lap("routing")
         # What breaks vLLM first, then what concerns the guard's settings; without a GPU, no driver is none.
@@ -127,11 +137,13 @@ def _run(trigger: str) -> Record | None:
             "warning", f"tmaguard: internal error, leaving vLLM as it is: {type(error).__name__}: {error}"
         )
         if toggles.strict:
-            raise GuardStop(
+            stop = GuardStop(
                 f"internal error {type(error).__name__}: {error}", "report it, or set TMAGUARD_MODE=off"
-            ) from error
+            )
+            raise _told_kubernetes(stop, toggles.root) from error
         return None
-    _stop_if_asked(record, toggles.strict)
+    if stop := _stop_if_asked(record, toggles.strict):
+        raise _told_kubernetes(stop, toggles.root)
     return record
 
 
@@ -143,13 +155,12 @@ def _written(record: Record, directory: str) -> Record:
     return with_file if problem is None else record._replace(problems=(*record.problems, problem))
 
 
-def _stop_if_asked(record: Record, strict: bool) -> None:
+def _stop_if_asked(record: Record, strict: bool) -> GuardStop | None:
     """Strict mode stops on any problem, naming each; an impossible routing demand stops start-up in any
     mode."""
     impossible = [p for p in record.problems if p.code == ROUTING_IMPOSSIBLE]
     stopping = impossible or (list(record.problems) if strict else [])
-    if stopping:
-        raise GuardStop("; ".join(p.cause for p in stopping), stopping[0].fix)
+    return GuardStop("; ".join(p.cause for p in stopping), stopping[0].fix) if stopping else None
 
 
 def _root_problem(refused: str | None) -> tuple[Problem, ...]:

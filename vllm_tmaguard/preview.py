@@ -10,7 +10,7 @@ from .actions import apply_routing, apply_supply
 from .facts import Facts, probe
 from .gpu import GpuFacts, probe_gpus
 from .record import Record, assemble
-from .routing import RoutePlan, plan_routing
+from .routing import RoutePlan, plan_routing_after
 from .supply import SupplyPlan, plan_supply
 from .toggles import Toggles
 
@@ -31,12 +31,7 @@ def preview_all(
     facts = probe(environ, toggles.root, trigger, vllm_dir=vllm_dir)
     gpus = probe_gpus(toggles.root)
     supply = plan_supply(facts, toggles)
-    route = None
-    if supply.status in ("complete", "lacking"):
-        route = plan_routing(
-            gpus.capabilities(), gpus.cuda_driver_version, (supply.encoder.reachable, supply.encoder.reason),
-            supply.launch_ex, facts.vllm.version, facts.kernels_listed, toggles.gemm, facts.environ,
-        )  # fmt: skip
+    route = plan_routing_after(facts, gpus, supply, toggles.gemm)
     supplied, supply_problems = apply_supply(supply.supplies, facts.driver.path or "", None, apply=False)
     routed, routing_problems = apply_routing(route.routing, apply=False) if route else ((), ())
     problems = (*supply.problems, *supply_problems, *routing_problems, *(route.problems if route else ()))

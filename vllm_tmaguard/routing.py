@@ -2,9 +2,14 @@
 the installed vLLM's table, the GPUs, whether a real encoder is reachable, and the user's settings."""
 
 from collections.abc import Mapping
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from .outcomes import ROUTING_IMPOSSIBLE, ROUTING_OVERRIDE, Problem
+
+if TYPE_CHECKING:
+    from .facts import Facts
+    from .gpu import GpuFacts
+    from .supply import SupplyPlan
 from .routing_table import (
     ATTENTION,
     KERNELS,
@@ -261,6 +266,20 @@ def tma_verdict(
             f"the driver supports CUDA {cuda_version // 1000}.{cuda_version % 1000 // 10}; TMA needs 12.0",
         )
     return TmaVerdict(*encoder)
+
+
+def plan_routing_after(
+    facts: "Facts", gpus: "GpuFacts", supply: "SupplyPlan", gemm: str
+) -> "RoutePlan | None":
+    """The routing stage on what the stages before it found; None where there is nothing to route (no
+    libcuda.so.1, or no vLLM)."""
+    if supply.status not in ("complete", "lacking"):
+        return None
+    encoder = (supply.encoder.reachable, supply.encoder.reason)
+    return plan_routing(
+        gpus.capabilities(), gpus.cuda_driver_version, encoder, supply.launch_ex, facts.vllm.version,
+        facts.kernels_listed, gemm, facts.environ,
+    )  # fmt: skip
 
 
 def plan_routing(

@@ -10,7 +10,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent.parent
 DEPLOY = REPO / "deploy"
 OPERATOR_DOC = REPO / "docs" / "operator.md"
-KUSTOMIZATIONS = ("base", "overlays/hami", "overlays/vcuda")
+KUSTOMIZATIONS = ("base", "overlays/hami", "overlays/vcuda", "overlays/vcuda-stock-image")
 
 
 def _load_render():  # deploy/render.py is a script, not a package module

@@ -82,6 +82,7 @@ def preflight(rendered, tmp_path):
             capture_output=True,
             text=True,
             timeout=30,
+            cwd=tmp_path,  # not the repository root: its source tree would be importable as the package
         )
         vllm = (tmp_path / "vllm.out").read_text().splitlines() if (tmp_path / "vllm.out").exists() else None
         termination = (
@@ -138,7 +139,7 @@ def test_preflight_problems_are_logged_and_vllm_starts_unless_strict(preflight) 
 def test_preflight_without_tmaguard_in_the_image(preflight, tmp_path) -> None:
     (tmp_path / "bin/tmaguard").unlink()
     done, vllm, termination = preflight(PATH=f"{tmp_path}/bin:/usr/bin:/bin")
-    assert done.returncode == 0 and vllm and "no tmaguard command" in done.stderr
+    assert done.returncode == 0 and vllm and "no vllm-tmaguard in this image" in done.stderr
     done, vllm, termination = preflight(strict="1", PATH=f"{tmp_path}/bin:/usr/bin:/bin")
     assert done.returncode == 1 and vllm is None and "deploy/Dockerfile" in termination
 
@@ -193,3 +194,35 @@ def test_preflight_with_the_real_tmaguard_on_an_emulated_vcuda_pod(rendered, pod
         ["/bin/sh", str(script), "m"], env=env, capture_output=True, text=True, timeout=120
     )
     assert again.returncode == 0 and "is already the tmaguard overlay" in again.stderr, again.stderr
+
+
+def test_preflight_on_the_stock_image(rendered, pods, stock_python, tmp_path) -> None:
+    """vcuda-stock-image: vLLM's image has no `tmaguard` command; with the package injected on PYTHONPATH
+    the preflight runs it as `python3 -m vllm_tmaguard` and installs the overlay the same way."""
+    from test_no_rebuild import inject
+
+    pod = pods("vcuda")
+    injected = tmp_path / "opt-vllm-tmaguard"
+    inject(injected)
+    script = _write_preflight(rendered, tmp_path)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _write_executable(bin_dir / "vllm", '#!/bin/sh\necho "RESULT $LD_LIBRARY_PATH"\n')
+    overlay_dir = tmp_path / "opt-tmaguard"
+    env = {
+        **{k: v for k, v in pod.environ().items() if not k.startswith(("TMAGUARD_", "PREFLIGHT_"))},
+        **pod.env,
+        "PATH": f"{bin_dir}:{Path(stock_python).parent}:/usr/bin:/bin",
+        "PYTHONPATH": str(injected),
+        "PREFLIGHT_OVERLAY_DIR": str(overlay_dir),
+        "LD_LIBRARY_PATH": f"{overlay_dir}:{pod.lib_dir}",
+        "TMAGUARD_RECORD_DIR": str(tmp_path / "records"),
+        "PREFLIGHT_TERMINATION_LOG": str(tmp_path / "termination-log"),
+    }
+    done = subprocess.run(
+        ["/bin/sh", str(script), "m"], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert done.returncode == 0 and "no vllm-tmaguard" not in done.stderr, done.stderr
+    assert f"installed {overlay_dir}/libcuda.so.1" in done.stderr
+    assert json.loads((tmp_path / "records/doctor.json").read_text())["schema"] == "tmaguard.doctor/2"
+    assert f"RESULT {overlay_dir}:{pod.lib_dir}" in done.stdout

@@ -28,11 +28,26 @@ def test_the_deployment_is_wired_as_the_docs_say(rendered, name) -> None:
 
     assert container["terminationMessagePath"] == "/dev/termination-log"
     assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
-    assert pod["enableServiceLinks"] is False and "initContainers" not in pod
-    assert container["image"] == "registry.example.com/vllm-tmaguard:v0.32.0"
+    assert pod["enableServiceLinks"] is False
+    if name.endswith("stock-image"):  # vLLM's own image; the package placed by an init container
+        assert container["image"] == "vllm/vllm-openai:v0.32.0"
+        (inject,) = pod["initContainers"]
+        assert inject["command"] == ["tmaguard", "inject", "/opt/vllm-tmaguard"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["PYTHONPATH"] == "/opt/vllm-tmaguard"
+        mounts = [
+            next(m for m in c["volumeMounts"] if m["mountPath"] == "/opt/vllm-tmaguard")
+            for c in (inject, container)
+        ]
+        assert mounts[0]["name"] == mounts[1]["name"] and mounts[1]["readOnly"] is True
+        assert "nvidia.com/gpu" not in str(inject.get("resources"))  # no GPU, no layer: it copies files
+    else:
+        assert "initContainers" not in pod
+        assert container["image"] == "registry.example.com/vllm-tmaguard:v0.32.0"
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         get = container[probe]["httpGet"]
         assert get["path"] == "/health" and _http_port(container, get["port"]) == 8000, probe
+        assert container[probe].get("timeoutSeconds", 1) >= 5, probe  # kubelet's default is 1 s
     assert container["command"] == ["/bin/sh", "/etc/tmaguard/preflight.sh"]
     assert "--port=8000" in container["args"] and "--host=0.0.0.0" in container["args"]
 
@@ -95,6 +110,7 @@ def test_gpu_requests_match_tensor_parallelism_and_the_layer(rendered, name) -> 
         "base": "nvidia.com/gpu",
         "overlays/hami": "nvidia.com/gpumem",
         "overlays/vcuda": "tencent.com/vcuda-core",
+        "overlays/vcuda-stock-image": "tencent.com/vcuda-core",
     }
     assert expected[name] in limits
 

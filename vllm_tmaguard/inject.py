@@ -1,0 +1,75 @@
+"""The no-rebuild install (docs/operator.md): this package copied into a directory that the stock vLLM image
+gets on PYTHONPATH, with a sitecustomize.py that arms the import hook at interpreter start. A pip install's
+vllm_tmaguard.pth does that from site-packages; Python reads .pth files only there, not from PYTHONPATH.
+The platform-plugin entry point is found through the copied dist-info (importlib.metadata reads sys.path).
+
+  1. copy the installed distribution's files (no .pth, no console script) into the directory;
+  2. write sitecustomize.py: arm the hook, then run the sitecustomize.py it shadows, if the image has one."""
+
+import os
+import shutil
+from importlib import metadata
+
+from .atomic import write_atomically
+
+DISTRIBUTION = "vllm-tmaguard"
+
+SITECUSTOMIZE = """\
+# Written by `tmaguard inject` (vllm-tmaguard): arms the guard's import hook at interpreter start, as the pip
+# install's vllm_tmaguard.pth does from site-packages, then runs the sitecustomize.py this one shadows.
+try:
+    import vllm_tmaguard._import_hook  # noqa: F401
+except Exception:  # fail open: vLLM starts as it would without the guard
+    pass
+
+
+def _run_shadowed() -> None:
+    import importlib.util
+    import os
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    for entry in sys.path:
+        path = os.path.join(os.path.abspath(entry or "."), "sitecustomize.py")
+        if os.path.dirname(path) != here and os.path.isfile(path):
+            spec = importlib.util.spec_from_file_location("_sitecustomize_shadowed", path)
+            if spec is not None and spec.loader is not None:
+                spec.loader.exec_module(importlib.util.module_from_spec(spec))
+            return
+
+
+_run_shadowed()
+del _run_shadowed
+"""
+
+
+class InjectError(RuntimeError):
+    pass
+
+
+def _installed_distribution(package_dir: str) -> metadata.Distribution:
+    """The installed distribution whose files are this very package (not a source tree's egg-info that
+    happens to be on sys.path)."""
+    for distribution in metadata.distributions(name=DISTRIBUTION):
+        init = distribution.locate_file("vllm_tmaguard/__init__.py")
+        if os.path.realpath(str(init)) == os.path.join(package_dir, "__init__.py") and distribution.files:
+            return distribution
+    raise InjectError(f"no installed {DISTRIBUTION} owns {package_dir}: install the wheel, then inject")
+
+
+def inject(target: str) -> list[str]:
+    """Places the package in `target` (created if absent); returns the files written, relative to it."""
+    package_dir = os.path.dirname(os.path.realpath(__file__))
+    distribution = _installed_distribution(package_dir)
+    written = []
+    for file in distribution.files or ():
+        relative = str(file)
+        if relative.startswith("..") or relative.endswith(".pth") or "__pycache__" in relative:
+            continue  # console scripts live outside site-packages; the .pth only works from there
+        destination = os.path.join(target, relative)
+        os.makedirs(os.path.dirname(destination), exist_ok=True)
+        shutil.copy2(distribution.locate_file(file), destination)
+        written.append(relative)
+    os.makedirs(target, exist_ok=True)
+    write_atomically(os.path.join(target, "sitecustomize.py"), SITECUSTOMIZE.encode(), mode=0o644)
+    return [*written, "sitecustomize.py"]
