@@ -56,6 +56,7 @@ def test_readable_output_of_the_command(pods, doctor) -> None:
     assert any(line.startswith("ERROR") and "triton: libcuda.so.1 lacks" in line for line in lines)
     assert re.fullmatch(r"3 problems found \(exit 1\), [0-9.]+ ms", lines[-1].rstrip()), lines[-1]
     assert 'TMAGUARD_OVERLAY: "auto"' in run.stdout  # the line for the toggles' ConfigMap
+    assert not [line for line in lines if line != line.rstrip()]  # no padding to the terminal's width
 
 
 @pytest.mark.parametrize(
