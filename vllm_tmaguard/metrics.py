@@ -1,7 +1,7 @@
-"""The guard's decision as a Prometheus info metric on vLLM's own /metrics (docs/operator.md, "Fleet
-visibility"). `info_labels` is a pure function of the record; `export` registers the gauge where vLLM's
-API server serves its registry. Never imports prometheus_client itself (70 ms cold, in every process):
-`vllm serve` has imported it by the time the general plugin runs in the API server."""
+"""The guard's decision as a Prometheus info metric on vLLM's own /metrics (docs/operator.md, "Two ways
+in"; alert rules in deploy/monitoring). `info_labels` is a pure function of the record; `export` registers
+the gauge where vLLM's API server serves its registry. Never imports prometheus_client itself (70 ms cold,
+in every process): `vllm serve` has imported it by the time the general plugin runs in the API server."""
 
 import sys
 from collections.abc import Mapping
@@ -30,8 +30,8 @@ def info_labels(record: Mapping[str, Any]) -> dict[str, str]:
     }
 
 
-def export(record: Mapping[str, Any] | None, registry: Any = None) -> bool:
-    """Sets tmaguard_info{...} = 1 in `registry` (prometheus_client's default one, which vLLM serves, or the
+def export(record: Mapping[str, Any] | None) -> bool:
+    """Sets tmaguard_info{...} = 1 in prometheus_client's default registry, which vLLM serves (or in the
     multiprocess directory when vLLM runs several API servers). Returns whether it did: False where
     prometheus_client is not loaded (not an API server) or the gauge exists already."""
     client = sys.modules.get("prometheus_client")
@@ -43,7 +43,6 @@ def export(record: Mapping[str, Any] | None, registry: Any = None) -> bool:
             "What vllm-tmaguard found and decided in this vLLM process (1 per label set).",
             labelnames=LABELS,
             multiprocess_mode="mostrecent",  # as vLLM's own *_info gauges
-            **({"registry": registry} if registry is not None else {}),
         )
     except ValueError:  # registered already (a second plugin call in the same process)
         return False
