@@ -63,13 +63,22 @@ def pods(tmp_path_factory: pytest.TempPathFactory, standins) -> Callable[..., Po
 
 @pytest.fixture
 def run_python(tmp_path: Path) -> Callable[..., Run]:
-    """Runs `code` with this test environment's Python in a fresh process inside `pod`."""
+    """Runs `code` in a fresh process inside `pod`: with this test environment's Python, or `python`; its
+    records in `tmp_path / records`."""
 
-    def run(pod: Pod | None, code: str, env: Mapping[str, str] | None = None, timeout: float = 300) -> Run:
-        record_dir = tmp_path / "records"
+    def run(
+        pod: Pod | None,
+        code: str,
+        env: Mapping[str, str] | None = None,
+        timeout: float = 300,
+        *,
+        python: str = sys.executable,
+        records: str = "records",
+    ) -> Run:
+        record_dir = tmp_path / records
         child_env = child_environ(pod, record_dir, env)
         done = subprocess.run(
-            [sys.executable, "-c", code],
+            [python, "-c", code],
             env=child_env,
             capture_output=True,
             text=True,

@@ -12,24 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from podkit import Run, child_environ, guard_lines
+from podkit import Run
 from test_guard_vllm import RESOLVE_PLATFORM
 
 # What a record holds that differs from process to process, whatever installed the guard.
 PER_PROCESS = ("pid", "time", "timings_ms", "elapsed_ms", "record_file")
-
-
-def _run(python: str, pod, record_dir: Path, env: dict[str, str], code: str = RESOLVE_PLATFORM) -> Run:
-    done = subprocess.run(
-        [python, "-c", code],
-        env=child_environ(pod, record_dir, env),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=record_dir.parent,
-    )
-    guard_lines(done.stdout + "\n" + done.stderr)
-    return Run(done.returncode, done.stdout, done.stderr, record_dir)
 
 
 def _decisions(run: Run) -> dict:
@@ -50,19 +37,23 @@ def inject(target: Path) -> None:
     assert "PYTHONPATH" in done.stdout  # says what to set in the vLLM container
 
 
-def test_the_stock_image_has_no_guard(pods, stock_python, tmp_path) -> None:
-    run = _run(stock_python, pods("vcuda"), tmp_path / "records", {})
+def test_the_stock_image_has_no_guard(pods, run_python, stock_python, tmp_path) -> None:
+    run = run_python(pods("vcuda"), RESOLVE_PLATFORM, python=stock_python)
     assert run.result["error"].endswith("undefined symbol: cuTensorMapEncodeTiled")
     assert not (tmp_path / "records").exists()
 
 
 @pytest.mark.parametrize("kind", ["vcuda", "bare"])
-def test_injected_guard_decides_and_records_as_the_pip_install(pods, stock_python, tmp_path, kind) -> None:
+def test_injected_guard_decides_and_records_as_the_pip_install(
+    pods, run_python, stock_python, tmp_path, kind
+) -> None:
     pod = pods(kind)
     injected = tmp_path / "tmaguard"
     inject(injected)
-    run = _run(stock_python, pod, tmp_path / "injected", {"PYTHONPATH": str(injected)})
-    pip = _run(sys.executable, pod, tmp_path / "pip", {})
+    run = run_python(
+        pod, RESOLVE_PLATFORM, {"PYTHONPATH": str(injected)}, python=stock_python, records="injected"
+    )
+    pip = run_python(pod, RESOLVE_PLATFORM, records="pip")
     assert "error" not in run.result, run.result
     assert run.result == pip.result  # the same platform and the same registered ops
     assert run.last_record()["trigger"] == "import-hook"  # armed at interpreter start, as by the .pth
@@ -72,25 +63,25 @@ def test_injected_guard_decides_and_records_as_the_pip_install(pods, stock_pytho
     ]
 
 
-def test_torch_first_gets_the_overlay_too(pods, stock_python, tmp_path) -> None:
+def test_torch_first_gets_the_overlay_too(pods, run_python, stock_python, tmp_path) -> None:
     """The case a plain PYTHONPATH copy misses: torch maps libcuda.so.1 before vLLM's plugins run; only a
     hook armed at interpreter start puts the overlay in front of it."""
     injected = tmp_path / "tmaguard"
     inject(injected)
     code = "import torch, vllm\n" + RESOLVE_PLATFORM
-    run = _run(stock_python, pods("vcuda"), tmp_path / "records", {"PYTHONPATH": str(injected)}, code)
+    run = run_python(pods("vcuda"), code, {"PYTHONPATH": str(injected)}, python=stock_python)
     assert "error" not in run.result, run.result
     record = run.last_record()
     assert record["trigger"] == "import-hook (torch imported first)"
     assert [a["kind"] for a in record["actions"]][:1] == ["load-overlay"]
 
     (injected / "sitecustomize.py").unlink()  # the package alone on PYTHONPATH: vLLM's plugin runs it late
-    late = _run(stock_python, pods("vcuda"), tmp_path / "late", {"PYTHONPATH": str(injected)}, code)
+    late = run_python(pods("vcuda"), code, {"PYTHONPATH": str(injected)}, python=stock_python, records="late")
     assert late.last_record()["trigger"] == "platform-plugin"
     assert "load-overlay" not in [a["kind"] for a in late.last_record()["actions"]]  # torch mapped the layer
 
 
-def test_the_images_own_sitecustomize_still_runs(pods, stock_python, tmp_path) -> None:
+def test_the_images_own_sitecustomize_still_runs(pods, run_python, stock_python, tmp_path) -> None:
     injected, theirs = tmp_path / "tmaguard", tmp_path / "image-site"
     inject(injected)
     theirs.mkdir()
@@ -99,5 +90,5 @@ def test_the_images_own_sitecustomize_still_runs(pods, stock_python, tmp_path) -
         'print("RESULT "', 'out["image"] = os.environ.get("IMAGE_SITECUSTOMIZE")\nprint("RESULT "'
     )
     env = {"PYTHONPATH": f"{injected}{os.pathsep}{theirs}"}
-    run = _run(stock_python, pods("vcuda"), tmp_path / "records", env, code)
+    run = run_python(pods("vcuda"), code, env, python=stock_python)
     assert run.result["image"] == "ran" and "error" not in run.result, run.result

@@ -5,11 +5,6 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, NamedTuple
 
 from .outcomes import ROUTING_IMPOSSIBLE, ROUTING_OVERRIDE, Problem
-
-if TYPE_CHECKING:
-    from .facts import Facts
-    from .gpu import GpuFacts
-    from .supply import SupplyPlan
 from .routing_table import (
     ATTENTION,
     KERNELS,
@@ -21,6 +16,12 @@ from .routing_table import (
     VersionTable,
     table_for,
 )
+from .supply import COMPLETE, LACKING
+
+if TYPE_CHECKING:
+    from .facts import Facts
+    from .gpu import GpuFacts
+    from .supply import SupplyPlan
 
 DISABLED_KERNELS = "VLLM_DISABLED_KERNELS"
 
@@ -273,7 +274,7 @@ def plan_routing_after(
 ) -> "RoutePlan | None":
     """The routing stage on what the stages before it found; None where there is nothing to route (no
     libcuda.so.1, or no vLLM)."""
-    if supply.status not in ("complete", "lacking"):
+    if supply.status not in (COMPLETE, LACKING):
         return None
     encoder = (supply.encoder.reachable, supply.encoder.reason)
     return plan_routing(
