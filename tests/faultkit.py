@@ -43,7 +43,7 @@ except Exception as error:
 print("RESULT " + json.dumps(out), flush=True)
 """
 UNDEFINED = "_C_stable_libtorch.abi3.so: undefined symbol: cuTensorMapEncodeTiled"
-VLLM_DIR = Path(__import__("vllm_tmaguard.vllm_probe").vllm_probe.find_package_dir() or "")
+VLLM_DIR = Path(__import__("vllm_tmaguard.process").process.find_package_dir() or "")
 GUARD_DIR = Path(__import__("vllm_tmaguard").__file__).parent
 
 

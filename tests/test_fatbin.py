@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from vllm_tmaguard.fatbin import MAGIC, Entry, FatbinError, coverage, read_fatbin
-from vllm_tmaguard.vllm_probe import find_package_dir
+from vllm_tmaguard.process import find_package_dir
 
 KERNEL = "__global__ void add_{name}(float *x, float y) {{ x[threadIdx.x] += y; }}\n"
 # Two translation units: one plain, one compressed with arch- and family-specific code and their PTX.

@@ -21,7 +21,7 @@ import pytest
 from faultkit import RESOLVE, UNDEFINED, Child, collect_all, run_modes
 from podkit import build_pod, scrubbed_environ
 
-from vllm_tmaguard import trust
+from vllm_tmaguard import redaction, trust
 from vllm_tmaguard.overlay import overlay_image
 from vllm_tmaguard.toggles import TOGGLES
 
@@ -301,7 +301,7 @@ def test_redaction_rules() -> None:
         "SSH_AUTH_SOCK": "/tmp/ssh-agent.sock",
         "PWD": "/workspace/models",
     }
-    assert trust.secret_values(environ) == {
+    assert redaction.secret_values(environ) == {
         environ[name]: name
         for name in (
             "HF_TOKEN",
@@ -318,7 +318,7 @@ def test_redaction_rules() -> None:
         "header Authorization: Bearer eyJhbGciOiJI.eyJzdWIiOiIx.c2lnbmF0dXJl, "
         "github ghp_0123456789abcdefghijABCDEFGHIJ, aws AKIAIOSFODNN7EXAMPLE, model /workspace/models"
     )
-    redacted = trust.redact({"list": [text], "n": 3, "none": None}, environ)
+    redacted = redaction.redact({"list": [text], "n": 3, "none": None}, environ)
     out = redacted["list"][0]
     for secret in (
         "correct horse battery",

@@ -1,28 +1,18 @@
-"""The only code that changes the process: loads the overlay or the shim libraries, sets vLLM's routing
-knobs, keeps TMA-only extensions from importing. Idempotent (dlopen of a loaded library returns the same
-handle, the knobs merge with what is set), safe in every worker (spawned workers inherit the knobs and
-re-run this). With apply=False (validate mode, `tmaguard check`) it changes nothing and returns the actions
-auto mode would take."""
+"""The guard's changes to the process, from the plans: loads the overlay or the shim libraries, sets vLLM's
+routing knobs, keeps TMA-only extensions from importing (each change itself is process.py's). Idempotent
+(dlopen of a loaded library returns the same handle, the knobs merge with what is set), safe in every worker
+(spawned workers inherit the knobs and re-run this). With apply=False (validate mode, `tmaguard check`) it
+changes nothing and returns the actions auto mode would take."""
 
 from __future__ import annotations
 
-import ctypes
 import os
-import sys
 
 from . import overlay, trust
-from .catalogue import overlay_path, shim_path
-from .outcomes import (
-    BLOCK_IMPORT,
-    IMPORTED_EARLY,
-    LOAD_OVERLAY,
-    LOAD_SHIM,
-    OVERLAY_FAILED,
-    SET_ENV,
-    SHIM_FAILED,
-    Action,
-    Problem,
-)
+from .catalogue import DRIVER_LIBRARY, overlay_path, shim_path
+from .codes import BLOCK_IMPORT, IMPORTED_EARLY, LOAD_OVERLAY, LOAD_SHIM, OVERLAY_FAILED, SET_ENV, SHIM_FAILED
+from .outcomes import Action, Problem
+from .process import answering, block_import, load_library
 from .routing import Routing
 from .supply import Supply
 
@@ -33,7 +23,7 @@ def load_shim(library: str) -> str:
     """Loads one shim into the global scope, ahead of libcuda.so.1 for every later look-up of its names.
     Only from a trusted path (trust.py): UntrustedPath, an OSError, otherwise. Returns its path."""
     path = trust.trusted_file(shim_path(library))
-    ctypes.CDLL(path, mode=os.RTLD_GLOBAL | os.RTLD_NOW)
+    load_library(path, global_scope=True)
     return path
 
 
@@ -41,24 +31,14 @@ def load_overlay(layer_path: str, runtime_dir: str | None) -> str:
     """Installs and loads the overlay; from then on dlopen("libcuda.so.1") gives it. Returns its path.
     `runtime_dir` None: kept in memory. Raises OverlayError if it did not become libcuda.so.1."""
     path = overlay.install(layer_path, runtime_dir)
-    library = ctypes.CDLL(path, mode=os.RTLD_NOW)
+    handle = load_library(path)
     # The loader gives an earlier libcuda.so.1 (loaded unseen: no /proc, another thread) to every later
     # dlopen("libcuda.so.1"); then the overlay answers nothing and the shims must step in.
-    answering = ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOW | os.RTLD_NOLOAD)
-    if answering._handle != library._handle:
+    if answering(DRIVER_LIBRARY) != handle:
         raise overlay.OverlayError(
             f"{path} did not become the process's libcuda.so.1: another one was loaded before it"
         )
     return path
-
-
-def block_import(module: str) -> bool:
-    """Makes `import module` raise ImportError (Python's documented None entry in sys.modules), as if the
-    extension had failed to load; False if it is already imported."""
-    if sys.modules.get(module) is not None:
-        return False
-    sys.modules[module] = None  # type: ignore[assignment]
-    return True
 
 
 def _load_shim(library: str, apply: bool) -> Outcome:
@@ -136,3 +116,23 @@ def apply_routing(routing: Routing, apply: bool) -> Outcome:
                 )
             )
     return tuple(actions), tuple(problems)
+
+
+def replay_plan(actions: tuple[Action, ...]) -> dict[str, object]:
+    """The applied actions as the changes a process replaying this verdict makes (verdict.redo): libraries
+    to load in order, each with its scope and the name it must answer; variables to set; modules to block."""
+    loads: list[list[object]] = []
+    env: dict[str, str] = {}
+    block: list[str] = []
+    for action in actions:
+        if not action.applied:
+            continue
+        if action.kind == LOAD_OVERLAY:
+            loads.append([action.value, False, DRIVER_LIBRARY])
+        elif action.kind == LOAD_SHIM:
+            loads.append([action.value, True, None])
+        elif action.kind == SET_ENV:
+            env[action.target] = action.value or ""
+        elif action.kind == BLOCK_IMPORT:
+            block.append(action.target)
+    return {"load": loads, "env": env, "block": block}

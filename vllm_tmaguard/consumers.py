@@ -18,7 +18,8 @@ from typing import NamedTuple
 
 from .catalogue import DRIVER_LIBRARY, LAUNCH_EX, PROC_ADDRESS_V2
 from .elf import ElfError, read_elf
-from .vllm_probe import VllmFacts, find_package_dir, find_package_dirs, scan_extension
+from .process import find_package_dir, find_package_dirs
+from .vllm_probe import VllmFacts, scan_extension
 
 # triton/backends/nvidia/driver.c: defineGetFunctionHandle(getLaunchKernelExHandle, cuLaunchKernelEx);
 _TRITON_HANDLE_LOOKUP = re.compile(r"defineGetFunctionHandle\(\s*\w+\s*,\s*(cu[A-Z]\w*)\s*\)")

@@ -11,7 +11,8 @@ from collections.abc import Mapping
 
 from .catalogue import DRIVER_LIBRARY, OVERLAY_TRIGGERS
 from .elf import ElfError, read_elf
-from .loader import read_self_maps, resolve_library
+from .loader import resolve_library
+from .process import read_self_maps
 
 
 def vllm_installed() -> bool:

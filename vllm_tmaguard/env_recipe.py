@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import os
 
-from .atomic import write_atomically
 from .catalogue import OVERLAY_TRIGGERS
 from .facts import Facts
+from .files import write_atomically
 from .overlay import overlay_image
 
 DEFAULT_INSTALL_DIR = "/opt/tmaguard"

@@ -8,7 +8,8 @@ from .catalogue import DRIVER_LIBRARY, ENCODERS, MARKER
 from .elf import ElfError, ElfInfo, read_elf
 from .gpu import cuda_version_of_driver, read_driver_version
 from .layers import Layer, detect_layers, gather_evidence
-from .loader import LibraryResolution, find_real_driver, read_self_maps, resolve_library
+from .loader import LibraryResolution, find_real_driver, resolve_library
+from .process import read_self_maps
 from .scan_cache import probe_vllm_cached
 from .vllm_probe import VllmFacts
 

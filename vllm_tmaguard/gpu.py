@@ -145,3 +145,19 @@ def probe_gpus(root: str = "/") -> GpuFacts:
         name = info.get("Model", "unknown")
         gpus.append(Gpu(len(gpus), name, capability_of(name), bus_id))
     return GpuFacts(tuple(gpus), driver, cuda_version_of_driver(driver))
+
+
+def gpu_inputs(root: str = "/") -> list[tuple[str, str]]:
+    """What probe_gpus reads, for the verdict cache: the version file, the kernel module's GPU list, each
+    GPU's information file and the device node it names."""
+    gpus_dir = under_root(root, f"{_PROC}/gpus")
+    inputs = [("read", under_root(root, f"{_PROC}/version")), ("list", gpus_dir)]
+    try:
+        bus_ids = sorted(os.listdir(gpus_dir))
+    except OSError:
+        return inputs
+    for bus_id in bus_ids:
+        information = os.path.join(gpus_dir, bus_id, "information")
+        minor = parse_information(_read(information) or "").get("Device Minor", "")
+        inputs += [("read", information), ("exists", under_root(root, f"/dev/nvidia{minor}"))]
+    return inputs

@@ -10,7 +10,7 @@ import os
 import shutil
 from importlib import metadata
 
-from .atomic import write_atomically
+from .files import write_atomically
 
 DISTRIBUTION = "vllm-tmaguard"
 

@@ -24,6 +24,7 @@ from typing import NamedTuple
 
 from .catalogue import DRIVER_LIBRARY, ENCODERS, MARKER
 from .elf import ElfError, ElfInfo, native_machine, read_elf
+from .process import mapped_named
 
 _NEW_CACHE_MAGIC = b"glibc-ld.so.cache1.1"
 _CACHE_HEADER = struct.Struct("<20sIIB3xI12x")  # magic, nlibs, len_strings, flags, extension offset
@@ -51,16 +52,6 @@ def split_library_path(value: str, cwd: str) -> list[str]:
         return []
     entries = value.replace(";", ":").split(":")
     return [os.path.join(cwd, entry) if not os.path.isabs(entry) else entry for entry in entries]
-
-
-def mapped_files(maps_text: str) -> list[str]:
-    """Distinct file paths mapped into a process, in order of first appearance, from /proc/PID/maps."""
-    seen: dict[str, None] = {}
-    for line in maps_text.splitlines():
-        fields = line.split(None, 5)
-        if len(fields) == 6 and fields[5].startswith("/"):
-            seen.setdefault(fields[5].removesuffix(" (deleted)"), None)
-    return list(seen)
 
 
 def read_ld_so_cache(data: bytes, machine: str, name: str | None = None) -> list[tuple[str, str]]:
@@ -157,10 +148,7 @@ def resolve_library(
     """The file `dlopen(name)` gives this process now. Reads files only; loads nothing."""
     machine = os.uname().machine
     elf_machine = native_machine()
-    stem = name.split(".so")[0]
-    mapped = tuple(
-        path for path in mapped_files(maps_text or "") if os.path.basename(path).startswith(stem + ".")
-    )
+    mapped = mapped_named(name, maps_text)
     skipped: list[str] = []
     first_found: tuple[str, str] | None = None
     for path, how in search_order(name, environ, root, cwd or os.getcwd(), machine):
@@ -184,6 +172,19 @@ def resolve_library(
     return LibraryResolution(name, None, "not found", mapped, tuple(skipped))
 
 
+def resolution_inputs(
+    name: str, environ: Mapping[str, str], root: str = "/", mapped: tuple[str, ...] = ()
+) -> list[tuple[str, str]]:
+    """What resolve_library reads, for the verdict cache: ld.so.cache, every candidate of the search order
+    (the ones it never reached too: a superset is as good), and the files already mapped."""
+    candidates = search_order(name, environ, root, os.getcwd(), os.uname().machine)
+    return [
+        ("stat", under_root(root, "/etc/ld.so.cache")),
+        *(("stat", path) for path, _ in candidates),
+        *(("stat", path) for path in mapped),
+    ]
+
+
 def _answering_mapped(name: str, mapped: tuple[str, ...], first_found: tuple[str, str] | None) -> str:
     """Of the mapped candidates, the one a later dlopen(name) gets: the file the search order finds if it
     is mapped (it was loaded through the name), else one mapped under the name itself (a layer installed as
@@ -201,41 +202,6 @@ def _answering_mapped(name: str, mapped: tuple[str, ...], first_found: tuple[str
         if isinstance(verdict, ElfInfo) and verdict.soname == name:
             return path
     return mapped[0]
-
-
-def read_self_maps() -> str | None:
-    """/proc/self/maps, or without /proc (a sandbox, a chroot) the same lines for the loader's own list of
-    loaded objects; None if neither can be read."""
-    try:
-        with open("/proc/self/maps") as file:
-            return file.read()
-    except OSError:
-        return _loaded_objects_as_maps()
-
-
-def _loaded_objects_as_maps() -> str | None:
-    """One maps-style line per object the dynamic loader has loaded (dl_iterate_phdr: passive, loads
-    nothing), for mapped_files()."""
-    import ctypes
-
-    class _Info(ctypes.Structure):  # the leading fields of struct dl_phdr_info
-        _fields_ = [("addr", ctypes.c_size_t), ("name", ctypes.c_char_p)]
-
-    names: list[bytes] = []
-    callback_type = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(_Info), ctypes.c_size_t, ctypes.c_void_p)
-
-    def collect(info, size, data):  # type: ignore[no-untyped-def]
-        names.append(info.contents.name or b"")
-        return 0
-
-    try:
-        iterate = ctypes.CDLL(None).dl_iterate_phdr
-        iterate.argtypes = [callback_type, ctypes.c_void_p]
-        iterate(callback_type(collect), None)
-    except (OSError, AttributeError):
-        return None
-    paths = [os.fsdecode(name) for name in names if name.startswith(b"/")]
-    return "".join(f"0-0 r--p 00000000 00:00 0 {path}\n" for path in paths)
 
 
 # Where NVIDIA's container toolkit and distributions put the driver (read under TMAGUARD_ROOT).
@@ -299,6 +265,23 @@ def find_real_driver(
             if info.soname == DRIVER_LIBRARY and ENCODERS[0] in info.defined and MARKER not in info.defined:
                 return path
     return None
+
+
+def real_driver_inputs(layer_path: str, environ: Mapping[str, str], root: str) -> list[tuple[str, str]]:
+    """What find_real_driver reads, for the verdict cache: each directory of its search (a new entry
+    changes it) and each candidate file in it, as a link too (realpath); the layer's own path's components
+    are trust.walk_inputs'."""
+    inputs = []
+    for directory, _ in real_driver_search(layer_path, environ, root):
+        inputs.append(("stat", directory))
+        try:
+            names = sorted(os.listdir(directory))
+        except OSError:
+            continue
+        for name in names:
+            if _DRIVER_FILE.match(name) or name == DRIVER_LIBRARY:
+                inputs += [("stat", os.path.join(directory, name)), ("owner", os.path.join(directory, name))]
+    return inputs
 
 
 def _version_key(version: str) -> tuple[int, ...]:

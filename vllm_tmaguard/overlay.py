@@ -10,9 +10,9 @@ import hashlib
 import os
 
 from . import trust
-from .atomic import write_atomically
 from .catalogue import overlay_path
 from .elf import ElfError, retag_dynamic
+from .files import write_atomically
 
 # Same constant as setup.py: the placeholder (in .dynstr and in .rodata) the layer's path replaces.
 PLACEHOLDER = b"/tmaguard-layer-placeholder/" + b"x" * 220

@@ -4,17 +4,15 @@ edge (to_json, schema 2), and the one log line rendered from its fields in vLLM'
 
 from __future__ import annotations
 
-import json
-import logging
 import os
-import sys
 import time
 from typing import Any, NamedTuple
 
-from . import __version__
-from . import outcomes as codes
-from .outcomes import LOAD_OVERLAY, LOAD_SHIM, Action, Problem
-from .trust import redact
+from . import __version__, codes
+from .codes import LOAD_OVERLAY, LOAD_SHIM
+from .log import MESSAGE_LIMIT, clip, details, fit_line
+from .outcomes import Action, Problem
+from .redaction import redact
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # the stages' types, for annotations only: importing them here would cost start-up
@@ -56,6 +54,7 @@ class Record(NamedTuple):
     elapsed_ms: float = 0.0
     record_file: str | None = None
     forked_from: int | None = None
+    replayed_from: int | None = None  # the process whose verdict this one replayed (verdict.py)
     tmaguard: str = __version__
 
     @property
@@ -106,6 +105,7 @@ class Record(NamedTuple):
             "elapsed_ms": self.elapsed_ms,
             "record_file": self.record_file,
             "forked_from": self.forked_from,
+            "replayed_from": self.replayed_from,
         }
         return redact(document)
 
@@ -136,19 +136,8 @@ class Record(NamedTuple):
             elapsed_ms=data.get("elapsed_ms", 0.0),
             record_file=data.get("record_file"),
             forked_from=data.get("forked_from"),
+            replayed_from=data.get("replayed_from"),
             tmaguard=data.get("tmaguard", "?"),
-        )
-
-    def forked(self, trigger: str) -> Record:
-        """This record as a forked child's: it inherited the parent's libraries and knobs."""
-        return self._replace(
-            pid=os.getpid(),
-            time=now(),
-            trigger=f"{trigger} (forked from pid {self.pid}: inherits its libraries and knobs)",
-            forked_from=self.pid,
-            elapsed_ms=0.0,
-            timings_ms={},
-            record_file=None,
         )
 
 
@@ -268,17 +257,17 @@ def _routing_json(routing: Any) -> dict[str, Any]:
     }
 
 
+def with_problem(
+    document: dict[str, Any], problem: Problem
+) -> tuple[dict[str, Any], str, list[str], list[str]]:
+    """A record document with one more problem: the document, its level and its line's parts."""
+    record = Record.from_json(document)
+    record = record._replace(problems=(*record.problems, problem))
+    return (record.to_json(), level_of(record), *line_parts(record))
+
+
 # ---------------------------------------------------------------------------------------------------------
 # The log line
-
-logger = logging.getLogger("vllm_tmaguard")
-_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
-# vLLM's own format (vllm/logger.py), so the line sits naturally among vLLM's.
-_FORMAT = "(tmaguard pid=%(process)d) %(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s"
-_DATE_FORMAT = "%m-%d %H:%M:%S"
-# vLLM's prefix (pid, level, time, file) keeps the whole line within 400 characters, readable in `kubectl
-# logs`. The detail is in the record file and `tmaguard doctor`.
-MESSAGE_LIMIT = 335
 
 
 def level_of(record: Record) -> str:
@@ -290,36 +279,30 @@ def level_of(record: Record) -> str:
     return "debug" if record.outcome == NO_GPU else "info"
 
 
-def render_line(record: Record) -> str:
-    """The log line from the record's fields: the outcome, what was loaded, the first problem's cause and
-    fix, the routing in a phrase, where the full record is. The outcome and the first problem always stay
-    (the cause gets whatever room the rest leaves it); the routing and the record's place go first."""
-    head = f"tmaguard: {_clip(record.summary, 100)}"
+def line_parts(record: Record) -> tuple[list[str], list[str]]:
+    """The log line's parts from the record's fields, redacted, for log.fit_line: the essential ones (the
+    outcome, what was loaded, the first problem's cause, given whatever room the rest leaves it, and its
+    fix) and the optional ones in the order they are dropped last (the routing in a phrase). The record's
+    place, which differs per process, is log.details'."""
+    head = f"tmaguard: {clip(record.summary, 100)}"
     loaded = _loaded(record.actions)
     essential = [head, *([loaded] if loaded else [])]
     if record.problems:
         first = record.problems[0]
         count = f" ({len(record.problems)})" if len(record.problems) > 1 else ""
-        fix = f"fix: {_clip(first.fix, 110)}"
+        fix = f"fix: {clip(first.fix, 110)}"
         label = f"PROBLEM{count}: "
         room = MESSAGE_LIMIT - sum(len(p) + 2 for p in essential) - len(label) - len(fix) - 2
-        essential += [label + _clip(first.cause, max(room, 40)), fix]
+        essential += [label + clip(first.cause, max(room, 40)), fix]
     optional = [part for part in (_routing_phrase(record.routing, record.tma),) if part]
-    optional.append(f"details: {record.record_file or 'tmaguard doctor'}")
-    room = MESSAGE_LIMIT - sum(len(p) + 2 for p in essential)
-    kept = []
-    for part in optional:
-        if len(part) + 2 <= room:
-            kept.append(part)
-            room -= len(part) + 2
-        elif room > 30:
-            kept.append(_clip(part, room - 2))
-            room = 0
-    return _clip("; ".join(essential + kept), MESSAGE_LIMIT)
+    return [redact(p) for p in essential], [redact(p) for p in optional]
 
 
-def _clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+def render_line(record: Record) -> str:
+    """The whole line, as logged: the outcome and the first problem always stay; the routing and the
+    record's place go first."""
+    essential, optional = line_parts(record)
+    return fit_line(essential, [*optional, details(record.record_file)])
 
 
 def _loaded(actions: tuple[Action, ...]) -> str | None:
@@ -349,28 +332,3 @@ def _routing_phrase(routing: dict[str, Any] | None, tma: dict[str, Any] | None) 
     counted = {"hint": routing["hints"], "note": routing["stale"]}
     notes = [f"{len(items)} {what}{'s' * (len(items) > 1)}" for what, items in counted.items() if items]
     return "routing: " + ", ".join(changes + notes)
-
-
-def _ensure_handler() -> None:
-    """Our own stream handler in vLLM's format, unless the user runs their own logging configuration."""
-    if logger.handlers or os.environ.get("VLLM_CONFIGURE_LOGGING", "1") == "0":
-        return
-    handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(logging.Formatter(_FORMAT, _DATE_FORMAT))
-    logger.addHandler(handler)
-    logger.setLevel(
-        logging.DEBUG if os.environ.get("VLLM_LOGGING_LEVEL", "").upper() == "DEBUG" else logging.INFO
-    )
-    logger.propagate = False
-
-
-def log_line(level: str, message: str) -> None:
-    _ensure_handler()
-    logger.log(_LEVELS[level], redact(message), stacklevel=2)
-
-
-def emit(record: Record, log_format: str) -> None:
-    """Logs the record: its line, or (TMAGUARD_LOG_FORMAT=json, for log shippers) the whole record."""
-    _ensure_handler()
-    text = json.dumps(record.to_json()) if log_format == "json" else redact(render_line(record))
-    logger.log(_LEVELS[level_of(record)], text)

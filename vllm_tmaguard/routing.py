@@ -4,7 +4,8 @@ the installed vLLM's table, the GPUs, whether a real encoder is reachable, and t
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, NamedTuple
 
-from .outcomes import ROUTING_IMPOSSIBLE, ROUTING_OVERRIDE, Problem
+from .codes import ROUTING_IMPOSSIBLE, ROUTING_OVERRIDE
+from .outcomes import Problem
 from .routing_table import (
     ATTENTION,
     KERNELS,
@@ -13,6 +14,7 @@ from .routing_table import (
     MOE,
     SCALED_MM,
     SCALED_MM_CUTLASS,
+    TABLES,
     VersionTable,
     table_for,
 )
@@ -24,6 +26,12 @@ if TYPE_CHECKING:
     from .supply import SupplyPlan
 
 DISABLED_KERNELS = "VLLM_DISABLED_KERNELS"
+# Every environment variable route() reads: the user's settings it merges with or overrides.
+ENV_NAMES = tuple(
+    dict.fromkeys(
+        [DISABLED_KERNELS, *(v for t in TABLES for v in (*t.deep_gemm_off, t.flash_attn_env) if v)]
+    )
+)
 
 
 class RoutingInputs(NamedTuple):

@@ -8,8 +8,9 @@ import hashlib
 import json
 import os
 
-from .atomic import write_atomically
-from .vllm_probe import Extension, VllmFacts, extension_modules, find_package_dir, probe_vllm
+from .files import write_atomically
+from .process import find_package_dir
+from .vllm_probe import Extension, VllmFacts, extension_modules, probe_vllm
 
 # 2: only the extensions this interpreter can load (vllm_probe.loadable_here); 3: kernels listed, absent files
 _FORMAT = 3
@@ -38,6 +39,11 @@ def _cache_path(cache_dir: str, package_dir: str) -> str:
 
 def _watched(package_dir: str, extensions: list[str]) -> list[str]:
     return [os.path.join(package_dir, "_version.py"), *extensions]
+
+
+def watched_files(package_dir: str) -> list[str]:
+    """Every file the scan's validity rests on (its signature's), for the verdict cache."""
+    return _watched(package_dir, [path for _, path in extension_modules(package_dir)])
 
 
 def load(cache_dir: str, package_dir: str) -> VllmFacts | None:

@@ -2,17 +2,13 @@
 directory that is this user's alone. TMAGUARD_RECORD_DIR when it is such a directory, else the default one
 with the refusal said; with neither, nothing is written and the overlay stays in memory."""
 
-import contextlib
-import json
 import os
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
-from .atomic import write_atomically
-from .outcomes import RECORD_DIR_REFUSED, RECORD_NOT_WRITTEN, Problem
-from .toggles import default_record_dir
+from .codes import RECORD_DIR_REFUSED, RECORD_NOT_WRITTEN
+from .files import default_record_dir
+from .outcomes import Problem
 from .trust import private_dir, why_not_private
-
-PROCESS_RECORDS_KEPT = 64  # per-process records kept in the record directory, newest first
 
 
 class RecordDir(NamedTuple):
@@ -50,37 +46,12 @@ def record_dir_to_read(asked: str) -> RecordDir:
     return RecordDir(default_record_dir() if refused else asked, asked, refused)
 
 
-def process_record_path(directory: str, pid: int) -> str:
-    return os.path.join(directory, f"process-{pid}.json")
-
-
-def write_record(document: dict[str, Any], directory: str, pid: int) -> Problem | None:
-    """Writes the process's own record (process-<pid>.json) and replaces last.json, each atomically; keeps
-    the newest PROCESS_RECORDS_KEPT process records. A problem when the directory refused the write."""
-    data = json.dumps(document, indent=1).encode()
-    try:
-        for target in (process_record_path(directory, pid), os.path.join(directory, "last.json")):
-            write_atomically(target, data)
-    except OSError as error:
-        return Problem(
-            RECORD_NOT_WRITTEN,
-            cause=f"could not write the record to {directory}: {error.strerror or error}",
-            consequence="`tmaguard doctor` cannot read this process's record; the log line is all there is",
-            fix="free space in, or give this user write access to, TMAGUARD_RECORD_DIR",
-            subject=directory,
-        )
-    _prune(directory)
-    return None
-
-
-def _prune(directory: str) -> None:
-    with contextlib.suppress(OSError):
-        entries = [
-            e for e in os.scandir(directory) if e.name.startswith("process-") and e.name.endswith(".json")
-        ]
-        if len(entries) <= PROCESS_RECORDS_KEPT:
-            return
-        entries.sort(key=lambda e: e.stat(follow_symlinks=False).st_mtime, reverse=True)
-        for entry in entries[PROCESS_RECORDS_KEPT:]:
-            with contextlib.suppress(OSError):
-                os.unlink(entry.path)
+def not_written(directory: str, error: OSError) -> Problem:
+    """The problem of a record the directory refused (record_files.write_record raised `error`)."""
+    return Problem(
+        RECORD_NOT_WRITTEN,
+        cause=f"could not write the record to {directory}: {error.strerror or error}",
+        consequence="`tmaguard doctor` cannot read this process's record; the log line is all there is",
+        fix="free space in, or give this user write access to, TMAGUARD_RECORD_DIR",
+        subject=directory,
+    )

@@ -7,9 +7,10 @@ import os
 from typing import NamedTuple
 
 from .catalogue import ENCODERS, HANDLE_SCOPED, LAUNCH_EX, OVERLAY_TRIGGERS, SHIM_SYMBOLS
+from .codes import DRIVER_MISSING, DRIVER_UNREADABLE, HANDLE_SCOPED_GAP, SYMBOL_UNSUPPLIED
 from .facts import Facts
 from .layers import Layer
-from .outcomes import DRIVER_MISSING, DRIVER_UNREADABLE, HANDLE_SCOPED_GAP, SYMBOL_UNSUPPLIED, Problem
+from .outcomes import Problem
 from .toggles import Toggles
 
 # What breaks when a driver symbol nothing supplies is missing, by the module that needs it.

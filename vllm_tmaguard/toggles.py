@@ -7,7 +7,9 @@ import os
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from .outcomes import TOGGLE_INVALID, TOGGLE_UNKNOWN, Problem
+from .codes import TOGGLE_INVALID, TOGGLE_UNKNOWN
+from .files import default_record_dir
+from .outcomes import Problem
 
 
 class ToggleSpec(NamedTuple):
@@ -92,10 +94,6 @@ class Toggles(NamedTuple):
     log_format: str = "text"
     root: str = "/"
     record_dir: str = ""
-
-
-def default_record_dir() -> str:
-    return f"/tmp/tmaguard-{os.getuid()}"
 
 
 def _choice(environ: Mapping[str, str], name: str) -> str:

@@ -1,5 +1,5 @@
-"""What the guard trusts (docs/SECURITY.md): the files it loads code from, the directory it writes its
-runtime files to, and what may appear in what it prints.
+"""What the guard trusts (docs/SECURITY.md): the files it loads code from and the directory it writes its
+runtime files to (what may appear in what it prints: redaction.py).
 
 Path trust: a library the guard loads may be as writable as the package code that loads it, never more.
 Whoever can change a path is the owner of each of its components, and the group and others where a
@@ -10,23 +10,15 @@ install with no group or world write (the usual image) therefore trusts only roo
 libraries; an OpenShift-style image (`chmod -R g=u`, run as an arbitrary user in group 0) trusts libraries
 writable by group 0 as its code is, and nothing writable by others. The guard's runtime directory must in
 addition be this user's and private (0700). The real path is returned and loaded, so a symbolic link cannot
-be swapped between the check and the load.
-
-Redaction: values of environment variables whose names look like credentials (HF_TOKEN, *_API_KEY,
-AWS_SECRET_ACCESS_KEY, ...) and anything shaped like a bearer token or URL credentials are replaced before
-a record, a log line or a doctor report leaves the process."""
+be swapped between the check and the load."""
 
 from __future__ import annotations
 
 import contextlib
 import errno
 import functools
-import json
 import os
-import re
 import stat
-from collections.abc import Mapping
-from typing import Any
 
 
 class UntrustedPath(OSError):
@@ -84,6 +76,19 @@ def _walk(path: str, private: bool, _links: int = 0) -> list[tuple[str, os.stat_
                 return f"{component} -> {target}"
             steps += target
     return steps
+
+
+def walk_inputs(path: str) -> list[tuple[str, str]]:
+    """What a trust check of `path` reads, for the verdict cache: who owns and may change each component,
+    as written and through each link (a directory's other changes, a new record in it, do not count)."""
+    steps = _walk(path, private=False)
+    components = _components(os.path.abspath(path)) if isinstance(steps, str) else [s[0] for s in steps]
+    return [("owner", component) for component in components]
+
+
+def package_inputs() -> list[tuple[str, str]]:
+    """What package_changers reads."""
+    return walk_inputs(os.path.abspath(__file__))
 
 
 @functools.cache
@@ -190,124 +195,3 @@ def probe_root_problem(root: str, how: str, path: str | None) -> str | None:
         f"libcuda.so.1 ({path}) was found under TMAGUARD_ROOT={root} ({how}), not where this process's "
         "loader looks: the guard loads nothing for it"
     )
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Secrets
-
-REDACTED = "<redacted>"
-_MIN_SECRET = 8  # shorter values ("1", "true") are not looked for: they would blank out ordinary text
-# Names that say "credential": one of these words between underscores, or a last word KEY(S).
-_SECRET_WORDS = frozenset(
-    [
-        "TOKEN",
-        "TOKENS",
-        "SECRET",
-        "SECRETS",
-        "PASSWORD",
-        "PASSWD",
-        "PASSPHRASE",
-        "APIKEY",
-        "CREDENTIAL",
-        "CREDENTIALS",
-        "AUTH",
-        "AUTHORIZATION",
-        "COOKIE",
-        "PRIVATE",
-    ]
-)
-# Shapes of credentials, wherever they appear, each with the literals one of which it must contain: a text
-# without any costs a few substring tests, and a pattern is compiled only once a text needs it (compiling
-# them all would cost the guard a millisecond at import).
-_SHAPES = (
-    (("earer",), r"[Bb]earer\s+[A-Za-z0-9._~+/=-]{8,}"),  # HTTP Authorization values
-    (("Basic",), r"Basic\s+[A-Za-z0-9+/=]{8,}"),
-    (("hf_",), r"hf_[A-Za-z0-9]{20,}"),  # Hugging Face
-    (("sk-",), r"sk-[A-Za-z0-9_-]{20,}"),  # OpenAI-style
-    (("ghp_", "gho_", "ghs_", "ghr_", "ghu_"), r"gh[opsru]_[A-Za-z0-9]{20,}"),  # GitHub
-    (("github_pat_",), r"github_pat_[A-Za-z0-9_]{20,}"),
-    (("glpat-",), r"glpat-[A-Za-z0-9_-]{20,}"),  # GitLab
-    (("AKIA", "ASIA"), r"(?:AKIA|ASIA)[0-9A-Z]{16}"),  # AWS access key id
-    (("xox",), r"xox[abprs]-[A-Za-z0-9-]{10,}"),  # Slack
-    (("eyJ",), r"eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"),  # JWT
-    (("://",), r"(?<=://)[^/\s:@\"]+:[^/\s@\"]+(?=@)"),  # user:password@ in URLs
-)
-
-
-@functools.cache
-def _compiled(pattern: str) -> re.Pattern[str]:
-    return re.compile(pattern)
-
-
-_TRIGGERS = tuple((trigger, pattern) for triggers, pattern in _SHAPES for trigger in triggers)
-
-
-def _shapes_in(text: str) -> list[re.Pattern[str]]:
-    """The credential shapes worth looking for in `text` (usually none)."""
-    return [_compiled(pattern) for trigger, pattern in _TRIGGERS if trigger in text]
-
-
-def secret_name(name: str) -> bool:
-    """Whether an environment variable's name says it holds a credential."""
-    upper = name.upper()
-    if upper.endswith("_SOCK") or upper == "PWD":  # SSH_AUTH_SOCK, the working directory
-        return False
-    words = upper.split("_")
-    return words[-1] in ("KEY", "KEYS") or "API_KEY" in upper or not _SECRET_WORDS.isdisjoint(words)
-
-
-def _shaped(value: str) -> bool:
-    return any(pattern.fullmatch(value) for pattern in _shapes_in(value))
-
-
-def secret_values(environ: Mapping[str, str]) -> dict[str, str]:
-    """{value: variable} for every variable whose name or value looks like a credential."""
-    candidates = [(name, value) for name, value in environ.items() if len(value) >= _MIN_SECRET]
-    shapes = bool(_shapes_in("\n".join(value for _, value in candidates)))  # usually none: one pass
-    found: dict[str, str] = {}
-    for name, value in candidates:
-        if secret_name(name) or (shapes and _shaped(value.strip())):
-            found.setdefault(value, name)
-    return found
-
-
-class Redactor:
-    """Replaces the environment's secrets and credential-shaped text in strings and JSON-like values."""
-
-    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
-        values = secret_values(os.environ if environ is None else environ)
-        self._values = sorted(values.items(), key=lambda item: -len(item[0]))
-        # How each value appears inside JSON text (quotes and backslashes escaped), for the quick test.
-        self._escaped = [json.dumps(value, ensure_ascii=False)[1:-1] for value, _ in self._values]
-
-    def text(self, text: str) -> str:
-        for value, name in self._values:
-            if value in text:
-                text = text.replace(value, f"<redacted ${name}>")
-        for pattern in _shapes_in(text):
-            text = pattern.sub(REDACTED, text)
-        return text
-
-    def _hits(self, text: str) -> bool:
-        return any(v in text for v in self._escaped) or any(p.search(text) for p in _shapes_in(text))
-
-    def __call__(self, value: Any) -> Any:
-        if isinstance(value, str):
-            return self.text(value)
-        if not self._hits(json.dumps(value, ensure_ascii=False, default=str)):
-            return value  # the usual case: one serialisation and a few substring tests
-        return self._walk(value)
-
-    def _walk(self, value: Any) -> Any:
-        if isinstance(value, str):
-            return self.text(value)
-        if isinstance(value, dict):
-            return {self._walk(k) if isinstance(k, str) else k: self._walk(v) for k, v in value.items()}
-        if isinstance(value, (list, tuple)):
-            return type(value)(self._walk(v) for v in value)
-        return value
-
-
-def redact(value: Any, environ: Mapping[str, str] | None = None) -> Any:
-    """`value` (a string, or dicts/lists of them) with the environment's secrets replaced."""
-    return Redactor(environ)(value)

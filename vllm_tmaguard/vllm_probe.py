@@ -6,11 +6,11 @@ import functools
 import importlib.machinery
 import os
 import re
-import sys
 from typing import NamedTuple
 
 from .catalogue import DRIVER_LIBRARY
 from .elf import ElfError, read_elf
+from .process import find_package_dir
 from .routing_table import table_for
 
 _VERSION = re.compile(r"""^(?:__version__|version)\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", re.M)
@@ -48,21 +48,6 @@ class VllmFacts(NamedTuple):
             for symbol in extension.driver_symbols:
                 users.setdefault(symbol, []).append(extension.module)
         return {symbol: tuple(sorted(modules)) for symbol, modules in sorted(users.items())}
-
-
-def find_package_dirs(name: str, search_path: list[str] | None = None) -> list[str]:
-    """Every directory of the package (several for a namespace package such as `cuda` or `nvidia`), located
-    like `import` would, without executing it (and without meta-path hooks, so the guard's own import hook
-    is not re-entered). `search_path`: instead of sys.path."""
-    spec = importlib.machinery.PathFinder.find_spec(name, sys.path if search_path is None else search_path)
-    if spec is None or not spec.submodule_search_locations:
-        return []
-    return list(spec.submodule_search_locations)
-
-
-def find_package_dir(name: str = "vllm", search_path: list[str] | None = None) -> str | None:
-    """The package's (first) directory; see find_package_dirs."""
-    return next(iter(find_package_dirs(name, search_path)), None)
 
 
 def _read_text(path: str) -> str | None:

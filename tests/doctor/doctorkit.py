@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_tmaguard.vllm_probe import find_package_dir
+from vllm_tmaguard.process import find_package_dir
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "doctor_vcuda_rtx4090.txt"
 H100 = {"gpu_name": "NVIDIA H100 80GB HBM3", "cc": "9.0"}

@@ -236,7 +236,7 @@ def test_loaded_objects_without_proc(monkeypatch) -> None:
     """In-process: with /proc/self/maps unreadable, read_self_maps lists the loader's objects."""
     import builtins
 
-    from vllm_tmaguard import loader
+    from vllm_tmaguard import process
 
     real_open = builtins.open
 
@@ -246,9 +246,9 @@ def test_loaded_objects_without_proc(monkeypatch) -> None:
         return real_open(file, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "open", no_proc_open)
-    text = loader.read_self_maps()
+    text = process.read_self_maps()
     assert text is not None
-    files = loader.mapped_files(text)
+    files = process.mapped_files(text)
     assert any(os.path.basename(f).startswith("libc.so") for f in files)
     assert all(os.path.exists(f) for f in files)
 

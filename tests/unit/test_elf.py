@@ -6,7 +6,7 @@ import subprocess
 import pytest
 
 from vllm_tmaguard.elf import ElfError, read_elf
-from vllm_tmaguard.vllm_probe import find_package_dir
+from vllm_tmaguard.process import find_package_dir
 
 
 def _nm_undefined(path: str) -> set[str]:

@@ -5,7 +5,8 @@ import shutil
 import struct
 import subprocess
 
-from vllm_tmaguard.loader import mapped_files, read_ld_so_cache, resolve_library, split_library_path
+from vllm_tmaguard.loader import read_ld_so_cache, resolve_library, split_library_path
+from vllm_tmaguard.process import mapped_files
 
 
 def test_ld_so_cache_matches_ldconfig() -> None:

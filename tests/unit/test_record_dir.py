@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_tmaguard.outcomes import RECORD_DIR_REFUSED
+from vllm_tmaguard.codes import RECORD_DIR_REFUSED
 from vllm_tmaguard.store import open_record_dir
 
 

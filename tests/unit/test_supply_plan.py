@@ -9,7 +9,7 @@ from typing import NamedTuple
 import pytest
 from facts_kit import REAL_DRIVER, VCUDA, driver, facts
 
-from vllm_tmaguard import outcomes as codes
+from vllm_tmaguard import codes
 from vllm_tmaguard.layers import Layer
 from vllm_tmaguard.supply import plan_supply
 from vllm_tmaguard.toggles import Toggles

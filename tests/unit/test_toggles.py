@@ -1,6 +1,6 @@
 import pytest
 
-from vllm_tmaguard import outcomes as codes
+from vllm_tmaguard import codes
 from vllm_tmaguard.toggles import TOGGLES, ToggleError, Toggles, parse_toggles, read_toggles
 
 

@@ -8,8 +8,8 @@ import os
 import sys
 import time
 
+from ..redaction import redact
 from ..toggles import read_toggles
-from ..trust import redact
 from .children import DEFAULT_ACTIVE_TIMEOUT, DEFAULT_NVML_TIMEOUT
 from .constants import SCHEMA
 from .findings import conclude

@@ -14,8 +14,8 @@ from typing import Any
 from .. import __version__
 from ..consumers import other_consumers, site_path, vllm_consumers
 from ..fatbin import sm_name
+from ..process import find_package_dir
 from ..toggles import Toggles
-from ..vllm_probe import find_package_dir
 from .binaries import architectures, consumer_rows, overlay_exports, read_fatbins
 from .children import DEFAULT_ACTIVE_TIMEOUT, DEFAULT_NVML_TIMEOUT, run_active
 from .constants import SCHEMA

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...outcomes import OVERLAY_FAILED, SHIM_FAILED
+from ...codes import OVERLAY_FAILED, SHIM_FAILED
 from .base import finding, fix
 
 _ACTION_FAILURES = frozenset({OVERLAY_FAILED, SHIM_FAILED})

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...catalogue import ENCODERS, LAUNCH_EX, PROC_ADDRESS_V2
-from ...outcomes import HANDLE_SCOPED_GAP
+from ...codes import HANDLE_SCOPED_GAP
 from .base import SEVERITIES, finding, fix
 
 _HANDLE_EFFECTS = {

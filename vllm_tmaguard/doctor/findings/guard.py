@@ -6,12 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ...outcomes import (
-    ROUTING_IMPOSSIBLE,
-    ROUTING_OVERRIDE,
-    TOGGLE_INVALID,
-    TOGGLE_UNKNOWN,
-)
+from ...codes import ROUTING_IMPOSSIBLE, ROUTING_OVERRIDE, TOGGLE_INVALID, TOGGLE_UNKNOWN
 from .base import finding, fix
 
 

@@ -1,0 +1,231 @@
+"""The verdict cache (vllm_tmaguard/verdict.py, docs/design.md §4.1) with vLLM 0.32.0's real extensions on
+emulated pods: a later process of the same pod replays the first one's verdict (the same record, the same
+changes made: vLLM starts the same way), and any changed input (a toggle, a file, the GPUs, a library
+already mapped, a secret, a module already imported) sends it to the full run, which decides afresh."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from podkit import write_gpus
+from test_guard_vllm import DRIVER_CALLS, RESOLVE_PLATFORM
+
+# What differs between two processes' records of one verdict.
+PER_PROCESS = ("pid", "time", "trigger", "timings_ms", "elapsed_ms", "record_file", "replayed_from")
+# Says which process is the one the test started: vLLM starts helpers on sm_90 (Humming's build) whose
+# guards write records too.
+SAYS_PID = "import os\nprint('PID', os.getpid(), flush=True)\n"
+
+
+def record(run) -> dict:
+    """The record of the process the test started."""
+    (pid,) = (int(line.split()[1]) for line in run.stdout.splitlines() if line.startswith("PID "))
+    return run.record_of(pid)
+
+
+def decisions(record: dict) -> dict:
+    return {k: v for k, v in record.items() if k not in PER_PROCESS}
+
+
+def entries(records: Path) -> list[dict]:
+    path = records / "verdicts.json"
+    return json.loads(path.read_text())["entries"] if path.exists() else []
+
+
+def driver_calls_env(pod, standins) -> dict[str, str]:
+    return {"DRIVER_CALLS_DIR": str(standins["driver_calls_ext"].parent), "REAL_DRIVER": str(pod.real_driver)}
+
+
+@pytest.mark.parametrize(
+    ("kind", "env"),
+    [("vcuda", {}), ("vcuda", {"TMAGUARD_OVERLAY": "off"}), ("bare", {}), ("hami", {})],
+    ids=["vcuda-overlay", "vcuda-shims", "bare", "hami"],
+)
+def test_a_later_process_replays_the_first_ones_verdict(pods, run_python, standins, kind, env) -> None:
+    pod = pods(kind, cc="9.0")
+    code = SAYS_PID + (DRIVER_CALLS if kind == "vcuda" else RESOLVE_PLATFORM)
+    env = {**env, **driver_calls_env(pod, standins)} if kind == "vcuda" else env
+    first = run_python(pod, code, env)
+    later = run_python(pod, code, env)
+    decided, replayed = record(first), record(later)
+    assert "replayed_from" not in decided or decided["replayed_from"] is None
+    assert replayed["replayed_from"] == decided["pid"] and list(replayed["timings_ms"]) == ["replay"]
+    assert decisions(replayed) == decisions(decided)
+    assert later.result == first.result  # vLLM started the same way: platform, ops, where each call landed
+    assert "error" not in later.result, later.result
+    assert message(later, replayed) == message(first, decided)
+
+
+def message(run, record: dict) -> str:
+    """The guard's one line in `run`'s output, without vLLM's prefix and the process's own record file."""
+    (line,) = run.guard_lines()
+    return line.split("] ", 1)[1].replace(record["record_file"], "<record file>")
+
+
+def _touch_driver(pod) -> dict[str, str]:
+    (pod.lib_dir / "libcuda.so.1").unlink()
+    shutil.copy(pod.real_driver, pod.lib_dir / "libcuda.so.1")  # the layer replaced by the real driver
+    return {}
+
+
+def _other_gpu(pod) -> dict[str, str]:
+    shutil.rmtree(pod.root / "proc")
+    write_gpus(pod.root, "NVIDIA GeForce RTX 4090", "550.142", 1)
+    return {}
+
+
+def _preload(pod) -> dict[str, str]:
+    vgpu = pod.root / "usr/local/vgpu/libvgpu.so"
+    vgpu.parent.mkdir(parents=True)
+    vgpu.write_bytes(b"")
+    (pod.root / "etc").mkdir(exist_ok=True)
+    (pod.root / "etc/ld.so.preload").write_text("/usr/local/vgpu/libvgpu.so\n")
+    return {}
+
+
+# change -> (how to make it, the record's field it changes (None: only the inputs), verdicts kept: one per
+# process environment, files replace their own environment's)
+CHANGES = {
+    "a toggle": (lambda pod: {"TMAGUARD_GEMM": "portable"}, "routing", 2),
+    "a knob routing merges with": (lambda pod: {"VLLM_DISABLED_KERNELS": "HummingLinearKernel"}, None, 2),
+    "libcuda.so.1 replaced": (_touch_driver, "outcome", 1),
+    "another GPU": (_other_gpu, "gpu", 1),
+    "a preload appears": (_preload, "layers", 1),
+}
+
+
+@pytest.mark.parametrize("change", CHANGES)
+def test_a_changed_input_sends_the_process_to_the_full_run(pods, run_python, change) -> None:
+    pod = pods("vcuda", cc="9.0")
+    first = run_python(pod, SAYS_PID + RESOLVE_PLATFORM)
+    make_change, field, kept = CHANGES[change]
+    env = make_change(pod)
+    later = run_python(pod, SAYS_PID + RESOLVE_PLATFORM, env)
+    decided, again = record(first), record(later)
+    assert again.get("replayed_from") is None and "replay" not in again["timings_ms"]
+    assert field is None or again[field] != decided[field]  # decided afresh, on what changed
+    assert len(entries(later.record_dir)) == kept
+    assert record(run_python(pod, SAYS_PID + RESOLVE_PLATFORM, env))["replayed_from"] == again["pid"]
+
+
+def test_a_library_mapped_before_the_guard_is_a_changed_input(pods, run_python) -> None:
+    pod = pods("vcuda", cc="9.0")
+    first = run_python(pod, SAYS_PID + RESOLVE_PLATFORM)
+    mapped_first = "import ctypes, os; ctypes.CDLL('libcuda.so.1', mode=os.RTLD_GLOBAL)\n" + RESOLVE_PLATFORM
+    later = run_python(pod, SAYS_PID + mapped_first)
+    own = record(later)
+    assert own.get("replayed_from") is None and own["libcuda"]["how"] == "mapped"
+    assert own["actions"] != record(first)["actions"]  # decided afresh: the overlay can no longer be loaded
+
+
+def test_a_secret_that_would_show_in_the_stored_record_is_no_replay(pods, run_python) -> None:
+    """The stored record was redacted against the first process's environment; a later one with a secret
+    whose value appears in it gets the full run, which redacts it."""
+    pod = pods("vcuda", cc="9.0")
+    first = run_python(pod, SAYS_PID + RESOLVE_PLATFORM)
+    assert str(pod.lib_dir) in json.dumps(record(first))
+    later = run_python(pod, SAYS_PID + RESOLVE_PLATFORM, {"SERVICE_API_KEY": str(pod.lib_dir)})
+    own = record(later)
+    assert own.get("replayed_from") is None
+    assert str(pod.lib_dir) not in json.dumps(own) and "<redacted $SERVICE_API_KEY>" in json.dumps(own)
+    harmless = run_python(pod, SAYS_PID + RESOLVE_PLATFORM, {"SOME_SETTING": str(pod.lib_dir)})
+    assert record(harmless)["replayed_from"] == record(first)["pid"]  # the redacted one was not stored
+
+
+def test_a_module_to_block_already_imported_is_no_replay(pods, run_python) -> None:
+    """A network layer on Hopper: no real encoder, so FA3's extension is kept from importing. A later
+    process that imported it already gets the full run, which says so."""
+    pod = pods("lupine", cc="9.0")
+    first = run_python(pod, SAYS_PID + RESOLVE_PLATFORM)
+    blocked = record(first)["routing"]["blocked_imports"]
+    assert "vllm.vllm_flash_attn._vllm_fa3_C" in blocked
+    imported = f"import sys, types\nsys.modules[{blocked[0]!r}] = types.ModuleType('fa3')\n"
+    later = run_python(pod, SAYS_PID + imported + RESOLVE_PLATFORM)
+    own = record(later)
+    assert own.get("replayed_from") is None
+    assert [p["code"] for p in own["problems"]] == ["imported-early"]
+    assert len(entries(later.record_dir)) == 1  # a problem of that process alone is not stored for others
+    assert record(run_python(pod, SAYS_PID + RESOLVE_PLATFORM))["replayed_from"] == record(first)["pid"]
+
+
+def test_a_strict_stop_is_never_stored(pods, run_python) -> None:
+    pod = pods("vcuda", cc="9.0")
+    env = {"TMAGUARD_LOG_FORMAT": "xml", "TMAGUARD_STRICT": "1"}
+    for _ in range(2):
+        run = run_python(pod, SAYS_PID + RESOLVE_PLATFORM, env)
+        assert run.returncode == 1 and "stopped start-up: TMAGUARD_LOG_FORMAT='xml'" in run.stderr
+    assert entries(run.record_dir) == []
+
+
+def test_validate_mode_replays_and_changes_nothing(pods, run_python) -> None:
+    pod = pods("vcuda", cc="9.0")
+    env = {"TMAGUARD_MODE": "validate"}
+    first = run_python(pod, SAYS_PID + RESOLVE_PLATFORM, env)
+    later = run_python(pod, SAYS_PID + RESOLVE_PLATFORM, env)
+    assert record(later)["replayed_from"] == record(first)["pid"]
+    assert later.result["error"].endswith("undefined symbol: cuTensorMapEncodeTiled")  # nothing loaded
+
+
+@pytest.mark.parametrize("damage", ["not private", "a link", "not JSON", "another version"])
+def test_a_cache_file_that_is_not_ours_alone_is_ignored(pods, run_python, tmp_path, damage) -> None:
+    pod = pods("vcuda", cc="9.0")
+    first = run_python(pod, SAYS_PID + RESOLVE_PLATFORM)
+    cache = first.record_dir / "verdicts.json"
+    if damage == "not private":
+        cache.chmod(0o644)
+    elif damage == "a link":
+        stored = tmp_path / "elsewhere.json"
+        cache.rename(stored)
+        cache.symlink_to(stored)
+    elif damage == "not JSON":
+        cache.write_text("{")
+    else:
+        cache.write_text(cache.read_text().replace('"tmaguard": "', '"tmaguard": "0.0.0-'))
+    later = run_python(pod, SAYS_PID + RESOLVE_PLATFORM)
+    assert record(later).get("replayed_from") is None
+    assert "error" not in later.result, later.result
+    if damage != "a link":  # the full run stored its verdict anew; the next process replays it
+        again = run_python(pod, SAYS_PID + RESOLVE_PLATFORM)
+        assert record(again)["replayed_from"] == record(later)["pid"]
+
+
+def test_a_forked_child_of_a_replaying_process_records_itself(pods, run_python) -> None:
+    pod = pods("vcuda", cc="9.0")
+    run_python(pod, SAYS_PID + RESOLVE_PLATFORM)
+    code = """
+import json, os
+from vllm_tmaguard.guard import activate
+parent = activate("test")
+pid = os.fork()
+if pid == 0:
+    child = activate("test")
+    print("RESULT " + json.dumps({"child": child["pid"], "forked_from": child["forked_from"]}), flush=True)
+    os._exit(0)
+os.waitpid(pid, 0)
+"""
+    later = run_python(pod, code)
+    child = later.record_of(later.result["child"])
+    assert child["forked_from"] == later.result["forked_from"] and child["replayed_from"] is None
+    assert child["record_file"] == str(later.record_dir / f"process-{child['pid']}.json")
+    assert len(later.guard_lines()) == 2
+
+
+def test_a_replay_imports_none_of_the_full_runs_modules(pods, run_python) -> None:
+    """What keeps it cheap in every process (bench/guard_cost.py measures the time). Redaction's only where
+    a variable the stages do not read has a value that shows in the record (here the stand-ins' GPU name)."""
+    pod = pods("vcuda", cc="9.0")
+    run_python(pod, SAYS_PID + RESOLVE_PLATFORM)
+    code = "import sys\nfrom vllm_tmaguard.guard import activate\nactivate('test')\n" + (
+        "print('RESULT ' + __import__('json').dumps(sorted(m for m in sys.modules if m.startswith('vllm_'))))"
+    )
+    later = run_python(pod, code)
+    assert set(later.result) <= {
+        "vllm_tmaguard", "vllm_tmaguard._import_hook", "vllm_tmaguard.files", "vllm_tmaguard.guard",
+        "vllm_tmaguard.log", "vllm_tmaguard.process", "vllm_tmaguard.verdict", "vllm_tmaguard.redaction",
+    }  # fmt: skip
+    assert "vllm_tmaguard.verdict" in later.result
+    assert os.path.exists(later.record_dir / "verdicts.json")

@@ -1,0 +1,26 @@
+"""Stable identifiers the stages, the record, the doctor and tests match on (docs/design.md §4): problem
+codes and action kinds. Plain strings in a module of their own: the verdict cache replays actions by kind
+in every vLLM process without importing the value types (outcomes.py)."""
+
+# Problem codes.
+DRIVER_MISSING = "driver-missing"  # no libcuda.so.1 at all
+DRIVER_UNREADABLE = "driver-unreadable"
+SYMBOL_UNSUPPLIED = "symbol-unsupplied"  # vLLM needs it, the layer lacks it, nothing here supplies it
+HANDLE_SCOPED_GAP = "handle-scoped-gap"  # looked up in libcuda.so.1's handle, which shims cannot answer
+OVERLAY_FAILED = "overlay-failed"
+SHIM_FAILED = "shim-failed"
+ROOT_REFUSED = "root-refused"  # a libcuda.so.1 found only under TMAGUARD_ROOT: nothing is loaded for it
+RECORD_DIR_REFUSED = "record-dir-refused"
+RECORD_NOT_WRITTEN = "record-not-written"
+EXTENSION_UNREADABLE = "extension-unreadable"
+IMPORTED_EARLY = "imported-early"  # a TMA-only extension imported before the guard could keep it out
+TOGGLE_INVALID = "toggle-invalid"
+TOGGLE_UNKNOWN = "toggle-unknown"  # a TMAGUARD_* variable that is not a toggle (a typo of one)
+ROUTING_OVERRIDE = "routing-override"  # a user setting the guard had to override
+ROUTING_IMPOSSIBLE = "routing-impossible"  # the user insists on what cannot be had (stops start-up)
+
+# Action kinds.
+LOAD_OVERLAY = "load-overlay"
+LOAD_SHIM = "load-shim"
+SET_ENV = "set-env"
+BLOCK_IMPORT = "block-import"

@@ -1,0 +1,105 @@
+"""This process, as the guard sees and changes it. Read passively (nothing loaded or imported): the shared
+objects it has mapped, from /proc/self/maps or, without /proc, the dynamic loader's own list; where a
+package would be imported from. Changed only here: a library loaded, a module kept from importing (the
+environment variables the guard sets are os.environ's). Standard library only: the verdict cache
+(verdict.py) uses it in every vLLM process; actions.py decides what to change."""
+
+import importlib.machinery
+import os
+import sys
+
+
+def mapped_files(maps_text: str) -> list[str]:
+    """Distinct file paths mapped into a process, in order of first appearance, from /proc/PID/maps."""
+    seen: dict[str, None] = {}
+    for line in maps_text.splitlines():
+        fields = line.split(None, 5)
+        if len(fields) == 6 and fields[5].startswith("/"):
+            seen.setdefault(fields[5].removesuffix(" (deleted)"), None)
+    return list(seen)
+
+
+def read_self_maps() -> str | None:
+    """/proc/self/maps, or without /proc (a sandbox, a chroot) the same lines for the loader's own list of
+    loaded objects; None if neither can be read."""
+    try:
+        with open("/proc/self/maps") as file:
+            return file.read()
+    except OSError:
+        return _loaded_objects_as_maps()
+
+
+def _loaded_objects_as_maps() -> str | None:
+    """One maps-style line per object the dynamic loader has loaded (dl_iterate_phdr: passive, loads
+    nothing), for mapped_files()."""
+    import ctypes
+
+    class _Info(ctypes.Structure):  # the leading fields of struct dl_phdr_info
+        _fields_ = [("addr", ctypes.c_size_t), ("name", ctypes.c_char_p)]
+
+    names: list[bytes] = []
+    callback_type = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(_Info), ctypes.c_size_t, ctypes.c_void_p)
+
+    def collect(info, size, data):  # type: ignore[no-untyped-def]
+        names.append(info.contents.name or b"")
+        return 0
+
+    try:
+        iterate = ctypes.CDLL(None).dl_iterate_phdr
+        iterate.argtypes = [callback_type, ctypes.c_void_p]
+        iterate(callback_type(collect), None)
+    except (OSError, AttributeError):
+        return None
+    paths = [os.fsdecode(name) for name in names if name.startswith(b"/")]
+    return "".join(f"0-0 r--p 00000000 00:00 0 {path}\n" for path in paths)
+
+
+def mapped_named(name: str, maps_text: str | None) -> tuple[str, ...]:
+    """Every mapped file whose name starts like library `name` ("libcuda.so.1" -> libcuda.so.*): the layer
+    and the real driver behind it, or this package's overlay."""
+    stem = name.split(".so")[0] + "."
+    if not maps_text or stem not in maps_text:
+        return ()
+    return tuple(path for path in mapped_files(maps_text) if os.path.basename(path).startswith(stem))
+
+
+def find_package_dirs(name: str, search_path: list[str] | None = None) -> list[str]:
+    """Every directory of the package (several for a namespace package such as `cuda` or `nvidia`), located
+    like `import` would, without executing it (and without meta-path hooks, so the guard's own import hook
+    is not re-entered). `search_path`: instead of sys.path."""
+    spec = importlib.machinery.PathFinder.find_spec(name, sys.path if search_path is None else search_path)
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    return list(spec.submodule_search_locations)
+
+
+def find_package_dir(name: str = "vllm", search_path: list[str] | None = None) -> str | None:
+    """The package's (first) directory; see find_package_dirs."""
+    return next(iter(find_package_dirs(name, search_path)), None)
+
+
+def load_library(path: str, global_scope: bool = False) -> int:
+    """dlopen(path, RTLD_NOW, and RTLD_GLOBAL if asked); its handle. Raises OSError."""
+    import ctypes
+
+    return ctypes.CDLL(path, mode=os.RTLD_NOW | (os.RTLD_GLOBAL if global_scope else 0))._handle
+
+
+def answering(name: str) -> int | None:
+    """The handle dlopen(name) gives from now on, if a loaded object answers that name (RTLD_NOLOAD: loads
+    nothing)."""
+    import ctypes
+
+    try:
+        return ctypes.CDLL(name, mode=os.RTLD_NOW | os.RTLD_NOLOAD)._handle
+    except OSError:
+        return None
+
+
+def block_import(module: str) -> bool:
+    """Makes `import module` raise ImportError (Python's documented None entry in sys.modules), as if the
+    extension had failed to load; False if it is already imported."""
+    if sys.modules.get(module) is not None:
+        return False
+    sys.modules[module] = None  # type: ignore[assignment]
+    return True

@@ -1,0 +1,261 @@
+"""The verdict cache (docs/design.md §4.1). Every vLLM process of a pod (API server, EngineCore, each worker)
+asks the same question of the same files, so the first full run's verdict is kept in the guard's private
+directory and replayed by the processes after it while everything it was decided from is unchanged. A replay
+costs a few dozen stat calls instead of the full run's imports and ELF reads.
+
+What a verdict was decided from, observed alike when it is stored and when it is replayed:
+  1. the process: the environment variables the stages read, the files already mapped under the driver's
+     name, the working directory, the effective user, the interpreter and the vLLM package it would import;
+  2. files: what inputs.py lists (observe_file: stat, owner, existence, entries, a /proc file's content).
+Which variables, names and files is the full run's to say (inputs.py, actions.replay_plan); this module
+observes, compares and redoes. A verdict is replayed whole or not at all: the stored record with this
+process's pid, time and trigger, its changes made again, its line logged; anything different, and the full
+run decides.
+
+Standard library only, and no value types: every vLLM process imports it."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import stat
+import sys
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from . import __version__
+from .files import default_record_dir, process_record_path, write_atomically, write_record
+from .log import details, fit_line, log
+from .process import answering, block_import, find_package_dir, load_library, mapped_named, read_self_maps
+
+CACHE_FILE = "verdicts.json"
+_FORMAT = 1
+ENTRIES_KEPT = 4  # distinct process environments per pod (the API server's, its workers' after its knobs)
+
+
+class Verdict:
+    """A decided record as logged and written: the record document (record.Record.to_json), its log level,
+    its log line's parts (record.line_parts: rendered from the record's fields) and the log format."""
+
+    __slots__ = ("essential", "level", "log_format", "optional", "record")
+
+    def __init__(
+        self, record: dict[str, Any], level: str, essential: list[str], optional: list[str], log_format: str
+    ) -> None:
+        self.record, self.level, self.log_format = record, level, log_format
+        self.essential, self.optional = essential, optional
+
+    def to_json(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Verdict:
+        return cls(data["record"], data["level"], data["essential"], data["optional"], data["log_format"])
+
+    def for_process(self, trigger: str, **fields: Any) -> Verdict:
+        """This verdict as this process's: its pid, time and trigger, no record file yet."""
+        record = {
+            **self.record,
+            "pid": os.getpid(),
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "trigger": trigger,
+            "record_file": None,
+            **fields,
+        }
+        return Verdict(record, self.level, self.essential, self.optional, self.log_format)
+
+
+def issue(verdict: Verdict, directory: str | None) -> Verdict:
+    """Writes the verdict's record (where there is a directory) and logs its line. A refused write becomes a
+    problem of the record, as in the full run."""
+    if directory is not None:
+        path = process_record_path(directory, verdict.record["pid"])
+        try:
+            write_record({**verdict.record, "record_file": path}, directory, verdict.record["pid"])
+            verdict.record["record_file"] = path
+        except OSError as error:
+            from .record import with_problem  # only on this failure: they import the value types
+            from .store import not_written
+
+            parts = with_problem(verdict.record, not_written(directory, error))
+            verdict = Verdict(*parts, verdict.log_format)
+    if verdict.log_format == "json":
+        text = json.dumps(verdict.record)
+    else:
+        text = fit_line(verdict.essential, [*verdict.optional, details(verdict.record["record_file"])])
+    log(verdict.level, text)
+    return verdict
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Observing
+
+
+def observe_file(kind: str, path: str) -> list[Any] | str:
+    """One file input as JSON: ("stat") the file's identity, size and modification time, links followed;
+    ("owner") the component's identity, type, mode and owner, links not followed; ("exists") whether it
+    does; ("list") a directory's sorted entries; ("read") the content; or the error number."""
+    if kind == "exists":
+        return [os.path.exists(path)]
+    try:
+        if kind == "read":
+            with open(path, "rb") as file:
+                return file.read().decode("utf-8", "replace")
+        if kind == "list":
+            return sorted(os.listdir(path))
+        if kind == "owner":
+            info = os.lstat(path)
+            return [info.st_mode, info.st_ino, info.st_dev, info.st_uid, info.st_gid]
+        info = os.stat(path)
+    except OSError as error:
+        return ["error", error.errno]
+    return [info.st_mode, info.st_ino, info.st_dev, info.st_size, info.st_mtime_ns, info.st_uid, info.st_gid]
+
+
+def observe_process(library: str, env_names: Iterable[str], env_prefixes: Iterable[str]) -> dict[str, Any]:
+    """The process's side of the inputs (taken before the guard changes anything)."""
+    names, prefixes = frozenset(env_names), tuple(env_prefixes)
+    environ = os.environ
+    return {
+        "library": library,
+        "env_names": sorted(names),
+        "env_prefixes": list(prefixes),
+        "env": {k: environ[k] for k in environ if k in names or k.startswith(prefixes)},
+        "mapped": list(mapped_named(library, read_self_maps())),
+        "cwd": os.getcwd(),
+        "euid": os.geteuid(),
+        "python": [sys.executable, sys.version],
+        "vllm": find_package_dir("vllm"),
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The cache file
+
+
+def _cache_path(directory: str) -> str:
+    return os.path.join(directory, CACHE_FILE)
+
+
+def _private_dir_asked() -> str | None:
+    """TMAGUARD_RECORD_DIR (or its default) when it is a directory this user alone can enter; the full run
+    judged its whole path when it stored there, and the stored inputs hold that path's components."""
+    asked = os.environ.get("TMAGUARD_RECORD_DIR", "").strip() or default_record_dir()
+    try:
+        info = os.stat(asked)
+    except OSError:
+        return None
+    private = stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and not info.st_mode & 0o077
+    return asked if os.path.isabs(asked) and private else None
+
+
+def _load(directory: str) -> list[dict[str, Any]]:
+    """The stored entries, newest first; none when the file is absent, not this user's alone, or not ours."""
+    try:
+        fd = os.open(_cache_path(directory), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return []
+    with os.fdopen(fd, "rb") as file:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o077:
+            return []
+        try:
+            document = json.loads(file.read())
+        except ValueError:
+            return []
+    if document.get("format") != _FORMAT or document.get("tmaguard") != __version__:
+        return []
+    return document.get("entries") or []
+
+
+def remember(
+    directory: str,
+    process: dict[str, Any],
+    inputs: Iterable[tuple[str, str]],
+    verdict: Verdict,
+    replaying: dict[str, Any],
+) -> None:
+    """Stores a full run's verdict with what it was decided from (`process`, observed before the run;
+    `inputs`, observed now, after it: the overlay's file it wrote is part of the state a replay finds) and
+    what a replay needs: `replaying["redo"]` (actions.replay_plan), `replaying["secret_min"]` (the shortest
+    value redaction counts as a secret). A failure only costs later processes their full run."""
+    entry = {"process": process, "files": observe_files(inputs), "verdict": verdict.to_json(), **replaying}
+    others = [e for e in _load(directory) if e.get("process") != process]
+    document = {"format": _FORMAT, "tmaguard": __version__, "entries": [entry, *others][:ENTRIES_KEPT]}
+    with contextlib.suppress(OSError):
+        write_atomically(_cache_path(directory), json.dumps(document).encode())
+
+
+def observe_files(inputs: Iterable[tuple[str, str]]) -> list[list[Any]]:
+    return [[kind, path, observe_file(kind, path)] for kind, path in inputs]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Replaying
+
+
+def _matching(entries: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The first entry whose every input is as observed now."""
+    seen: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for entry in entries:
+        stored = entry["process"]
+        key = (stored["library"], tuple(stored["env_names"]), tuple(stored["env_prefixes"]))
+        if key not in seen:
+            seen[key] = observe_process(*key)
+        if seen[key] != stored:
+            continue
+        if all(observe_file(kind, path) == observed for kind, path, observed in entry["files"]):
+            return entry
+    return None
+
+
+def _replayable_here(entry: dict[str, Any]) -> bool:
+    """What the stored inputs cannot tell: that no module to block is imported yet, and that no secret of
+    this process's environment appears in the stored record (it was redacted against another's). Only the
+    variables the stages do not read (those are the same as the storing process's) whose values appear in
+    it, few or none, are asked whether they are secrets."""
+    if any(sys.modules.get(module) is not None for module in entry["redo"]["block"]):
+        return False
+    text, shortest, same = json.dumps(entry["verdict"]), entry["secret_min"], entry["process"]["env"]
+    appearing = {k: v for k, v in os.environ.items() if k not in same and len(v) >= shortest and v in text}
+    if not appearing:
+        return True
+    from .redaction import secret_values
+
+    return not secret_values(appearing)
+
+
+def redo(plan: dict[str, Any]) -> bool:
+    """Makes the plan's changes again, in the full run's order; False (the full run then decides) when a
+    library does not load as it did."""
+    for path, global_scope, must_answer in plan["load"]:
+        try:
+            handle = load_library(path, global_scope)
+        except OSError:
+            return False
+        if must_answer and answering(must_answer) != handle:
+            return False
+    os.environ.update(plan["env"])
+    for module in plan["block"]:
+        block_import(module)
+    return True
+
+
+def replay(trigger: str) -> tuple[Verdict, str] | None:
+    """This process's verdict from the cache, done, written and logged, with the directory it was written
+    to; None where there is no matching verdict or it could not be replayed whole."""
+    started = time.perf_counter()
+    directory = _private_dir_asked()
+    entry = _matching(_load(directory)) if directory else None
+    if entry is None or directory is None or not _replayable_here(entry):
+        return None
+    stored = Verdict.from_json(entry["verdict"])
+    if not redo(entry["redo"]):
+        return None
+    elapsed = round((time.perf_counter() - started) * 1e3, 3)
+    verdict = stored.for_process(
+        trigger, replayed_from=stored.record["pid"], timings_ms={"replay": elapsed}, elapsed_ms=elapsed
+    )
+    return issue(verdict, directory), directory
