@@ -274,6 +274,7 @@ TOGGLE_AUDIT = {
     "TMAGUARD_GEMM": "routes vLLM's kernels through vLLM's own knobs; loads nothing",
     "TMAGUARD_OVERLAY": "chooses the overlay or the shims, both from the package's trusted directory",
     "TMAGUARD_LOG_FORMAT": "formats the line",
+    "TMAGUARD_TRACE": "prints each look-up the overlay and shims answer; loads nothing",
     "TMAGUARD_ROOT": "probes only: a libcuda.so.1 found under it is never loaded (guard.py, trust.py)",
     "TMAGUARD_RECORD_DIR": "where the overlay's file is written and loaded from: used only when it is this "
     "user's alone (0700, no one else can change its path), else the overlay stays in memory",

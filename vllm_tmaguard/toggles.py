@@ -58,6 +58,13 @@ TOGGLES: tuple[ToggleSpec, ...] = (
         "format of the one record line per process on the vllm_tmaguard logger",
     ),
     ToggleSpec(
+        "TMAGUARD_TRACE",
+        ("0", "1"),
+        "0",
+        "1: the overlay and the shims print one line on stderr per driver look-up and resolution, with where "
+        "it was answered (for a failed pod's diagnosis); read by the libraries themselves",
+    ),
+    ToggleSpec(
         "TMAGUARD_ROOT",
         (),
         "/",
@@ -92,6 +99,7 @@ class Toggles(NamedTuple):
     gemm: str = "auto"
     overlay: str = "auto"
     log_format: str = "text"
+    trace: bool = False
     root: str = "/"
     record_dir: str = ""
 
@@ -142,6 +150,7 @@ _FIELD_OF = {
     "TMAGUARD_GEMM": "gemm",
     "TMAGUARD_OVERLAY": "overlay",
     "TMAGUARD_LOG_FORMAT": "log_format",
+    "TMAGUARD_TRACE": "trace",
     "TMAGUARD_ROOT": "root",
     "TMAGUARD_RECORD_DIR": "record_dir",
 }
@@ -155,6 +164,7 @@ def parse_toggles(environ: Mapping[str, str]) -> Toggles:
         gemm=_choice(environ, "TMAGUARD_GEMM"),
         overlay=_choice(environ, "TMAGUARD_OVERLAY"),
         log_format=_choice(environ, "TMAGUARD_LOG_FORMAT"),
+        trace=_choice(environ, "TMAGUARD_TRACE") == "1",
         root=_directory(environ, "TMAGUARD_ROOT", "/", must_exist=True),
         record_dir=_directory(environ, "TMAGUARD_RECORD_DIR", default_record_dir(), must_exist=False),
     )

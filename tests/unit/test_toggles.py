@@ -25,6 +25,7 @@ BAD_VALUES = [
     ("TMAGUARD_LOG_FORMAT", "yaml"),
     ("TMAGUARD_GEMM", "fastest"),
     ("TMAGUARD_OVERLAY", "sometimes"),
+    ("TMAGUARD_TRACE", "on"),
     ("TMAGUARD_ROOT", "relative/dir"),
     ("TMAGUARD_ROOT", "/does/not/exist"),
     ("TMAGUARD_RECORD_DIR", "records"),
@@ -87,3 +88,10 @@ def test_a_misspelt_toggle_name_is_named_with_the_nearest_toggle() -> None:
 def test_read_toggles_never_raises_on_any_bad_value() -> None:
     toggles, problems = read_toggles(dict(BAD_VALUES))
     assert toggles.mode == "auto" and len(problems) == len({name for name, _ in BAD_VALUES})
+
+
+def test_the_overlays_trace_setting_is_a_toggle_not_a_typo() -> None:
+    """The overlay and the shims read TMAGUARD_TRACE themselves; it once made every traced run's record say
+    'TMAGUARD_TRACE is not a tmaguard toggle'."""
+    toggles, problems = read_toggles({"TMAGUARD_TRACE": "1"})
+    assert toggles.trace and problems == ()
