@@ -112,6 +112,26 @@ def test_a_changed_input_sends_the_process_to_the_full_run(pods, run_python, cha
     assert record(run_python(pod, SAYS_PID + RESOLVE_PLATFORM, env))["replayed_from"] == again["pid"]
 
 
+@pytest.mark.parametrize("kind", ["vcuda", "bare"])
+def test_a_library_path_entry_without_the_driver_is_no_change(pods, run_python, tmp_path, kind) -> None:
+    """vLLM's API server imports opencv, which adds its own directory to LD_LIBRARY_PATH (with a trailing
+    ':' where it was empty: the working directory) for the processes it starts, the EngineCore first. Where
+    those entries hold no libcuda.so.1 the loader finds what it found, and the verdict is replayed; an entry
+    that holds one is a changed input."""
+    pod = pods(kind, cc="9.0")
+    first = run_python(pod, SAYS_PID + RESOLVE_PLATFORM)
+    inherited = pod.env.get("LD_LIBRARY_PATH", "")
+    opencv = {"LD_LIBRARY_PATH": f"{tmp_path / 'cv2/../../lib64'}:{inherited}"}
+    later = run_python(pod, SAYS_PID + RESOLVE_PLATFORM, opencv)
+    assert record(later)["replayed_from"] == record(first)["pid"]
+    shadowing = tmp_path / "shadow"
+    shadowing.mkdir()
+    shutil.copy(pod.lib_dir / "libcuda.so.1", shadowing / "libcuda.so.1")
+    shadowed = run_python(pod, SAYS_PID + RESOLVE_PLATFORM, {"LD_LIBRARY_PATH": f"{shadowing}:{inherited}"})
+    own = record(shadowed)
+    assert own.get("replayed_from") is None and own["libcuda"]["path"] == str(shadowing / "libcuda.so.1")
+
+
 def test_a_library_mapped_before_the_guard_is_a_changed_input(pods, run_python) -> None:
     pod = pods("vcuda", cc="9.0")
     first = run_python(pod, SAYS_PID + RESOLVE_PLATFORM)

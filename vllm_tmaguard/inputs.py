@@ -40,14 +40,20 @@ def watched_environ(environ: Mapping[str, str]) -> dict[str, str]:
 
 def file_inputs(
     facts: Facts, root: str, record_dir: str, actions: tuple[Action, ...]
-) -> list[tuple[str, str]]:
-    """(kind, path) of every file input, each once, kinds as verdict.observe_file reads them."""
+) -> tuple[list[tuple[str, str]], bool]:
+    """(kind, path) of every file input, each once, kinds as verdict.observe_file reads them; and whether
+    LD_LIBRARY_PATH was read for more than the loader's search (the real driver's search went through its
+    directories): then its value is an input, else its effect on that search is (verdict.by_effect)."""
     driver, environ = facts.driver, facts.environ
     inputs = resolution_inputs(DRIVER_LIBRARY, environ, root, driver.resolution.mapped)
+    searched_library_path = False
     if driver.overlay_of:
         inputs.append(("stat", driver.overlay_of))
     if driver.info is not None and ENCODERS[0] not in driver.info.defined:  # probe_driver searched
-        inputs += real_driver_inputs(driver.info.path, environ, root) + walk_inputs(driver.info.path)
+        searched, searched_library_path = real_driver_inputs(
+            driver.info.path, environ, root, driver.real_driver
+        )
+        inputs += searched + walk_inputs(driver.info.path)
     inputs += evidence_inputs(root) + gpu_inputs(root)
     if facts.vllm.package_dir:
         inputs += [("stat", path) for path in watched_files(facts.vllm.package_dir)]
@@ -60,4 +66,4 @@ def file_inputs(
     for path in trusted:
         inputs += walk_inputs(path)
     inputs += [("stat", path) for path in trusted[1:]]  # the libraries' content, besides who may change them
-    return list(dict.fromkeys(inputs))
+    return list(dict.fromkeys(inputs)), searched_library_path

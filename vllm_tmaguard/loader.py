@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 from .catalogue import DRIVER_LIBRARY, ENCODERS, MARKER
 from .elf import ElfError, ElfInfo, native_machine, read_elf
-from .process import mapped_named
+from .process import LIBRARY_PATH, mapped_named, split_library_path
 
 _NEW_CACHE_MAGIC = b"glibc-ld.so.cache1.1"
 _CACHE_HEADER = struct.Struct("<20sIIB3xI12x")  # magic, nlibs, len_strings, flags, extension offset
@@ -44,14 +44,6 @@ class LibraryResolution(NamedTuple):
 
 def under_root(root: str, path: str) -> str:
     return path if root in ("", "/") else os.path.join(root, path.lstrip("/"))
-
-
-def split_library_path(value: str, cwd: str) -> list[str]:
-    """LD_LIBRARY_PATH as glibc reads it: ':' or ';' separated; an empty entry means the current directory."""
-    if not value:
-        return []
-    entries = value.replace(";", ":").split(":")
-    return [os.path.join(cwd, entry) if not os.path.isabs(entry) else entry for entry in entries]
 
 
 def read_ld_so_cache(data: bytes, machine: str, name: str | None = None) -> list[tuple[str, str]]:
@@ -125,7 +117,7 @@ def search_order(
     name: str, environ: Mapping[str, str], root: str, cwd: str, machine: str
 ) -> Iterable[tuple[str, str]]:
     """(candidate path, how) in the order glibc's loader tries them for a bare library name."""
-    for directory in split_library_path(environ.get("LD_LIBRARY_PATH", ""), cwd):
+    for directory in split_library_path(environ.get(LIBRARY_PATH, ""), cwd):
         yield os.path.join(directory, name), "LD_LIBRARY_PATH"
     try:
         with open(under_root(root, "/etc/ld.so.cache"), "rb") as file:
@@ -223,7 +215,7 @@ def real_driver_search(layer_path: str, environ: Mapping[str, str], root: str) -
         (os.path.dirname(os.path.realpath(layer_path)), "beside the layer"),
         *(
             (d, "LD_LIBRARY_PATH")
-            for d in split_library_path(environ.get("LD_LIBRARY_PATH", ""), os.getcwd())
+            for d in split_library_path(environ.get(LIBRARY_PATH, ""), os.getcwd())
         ),
         *(
             (os.path.dirname(path), "ld.so.cache")
@@ -267,13 +259,18 @@ def find_real_driver(
     return None
 
 
-def real_driver_inputs(layer_path: str, environ: Mapping[str, str], root: str) -> list[tuple[str, str]]:
-    """What find_real_driver reads, for the verdict cache: each directory of its search (a new entry
-    changes it) and each candidate file in it, as a link too (realpath); the layer's own path's components
-    are trust.walk_inputs'."""
-    inputs = []
-    for directory, _ in real_driver_search(layer_path, environ, root):
+def real_driver_inputs(
+    layer_path: str, environ: Mapping[str, str], root: str, found: str | None
+) -> tuple[list[tuple[str, str]], bool]:
+    """What find_real_driver read to find `found` (None: it found none), for the verdict cache: each
+    directory of its search up to the one holding `found` (a new entry changes it) and each candidate file in
+    it, as a link too (realpath); and whether it searched LD_LIBRARY_PATH's directories. The layer's own
+    path's components are trust.walk_inputs'."""
+    inputs: list[tuple[str, str]] = []
+    searched_library_path = False
+    for directory, step in real_driver_search(layer_path, environ, root):
         inputs.append(("stat", directory))
+        searched_library_path |= step == "LD_LIBRARY_PATH"
         try:
             names = sorted(os.listdir(directory))
         except OSError:
@@ -281,7 +278,9 @@ def real_driver_inputs(layer_path: str, environ: Mapping[str, str], root: str) -
         for name in names:
             if _DRIVER_FILE.match(name) or name == DRIVER_LIBRARY:
                 inputs += [("stat", os.path.join(directory, name)), ("owner", os.path.join(directory, name))]
-    return inputs
+        if found is not None and os.path.dirname(found) == directory:
+            break
+    return inputs, searched_library_path
 
 
 def _version_key(version: str) -> tuple[int, ...]:

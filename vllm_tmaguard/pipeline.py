@@ -38,7 +38,7 @@ from .store import open_record_dir
 from .supply import plan_supply
 from .toggles import read_toggles
 from .trust import probe_root_problem
-from .verdict import Verdict, issue, observe_process, remember
+from .verdict import Verdict, by_effect, issue, observe_process, remember
 
 TERMINATION_LOG = "/dev/termination-log"  # Kubernetes' default terminationMessagePath
 # Problems of this process alone, not of its inputs: a verdict holding one is not replayed to others.
@@ -105,9 +105,10 @@ def run(trigger: str) -> tuple[Verdict, str | None] | None:
         verdict = issue(_verdict(record, toggles.log_format), records.path)
         stop = _stop_if_asked(verdict.record["problems"], toggles.strict)
         if records.path and not records.refused and not stop and _replayable(verdict):
-            inputs = file_inputs(facts, toggles.root, records.path, record.actions)
+            inputs, library_path_read = file_inputs(facts, toggles.root, records.path, record.actions)
+            compared = process if library_path_read else by_effect(process)
             replaying = {"redo": replay_plan(record.actions), "secret_min": MIN_SECRET}
-            remember(records.path, process, inputs, verdict, replaying)
+            remember(records.path, compared, inputs, verdict, replaying)
     except Exception as error:  # the guard must never make start-up worse
         message = f"tmaguard: internal error, leaving vLLM as it is: {type(error).__name__}: {error}"
         log("warning", redact(message))

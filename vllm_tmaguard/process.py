@@ -8,6 +8,16 @@ import importlib.machinery
 import os
 import sys
 
+LIBRARY_PATH = "LD_LIBRARY_PATH"
+
+
+def split_library_path(value: str, cwd: str) -> list[str]:
+    """LD_LIBRARY_PATH as glibc reads it: ':' or ';' separated; an empty entry means the current directory."""
+    if not value:
+        return []
+    entries = value.replace(";", ":").split(":")
+    return [os.path.join(cwd, entry) if not os.path.isabs(entry) else entry for entry in entries]
+
 
 def mapped_files(maps_text: str) -> list[str]:
     """Distinct file paths mapped into a process, in order of first appearance, from /proc/PID/maps."""

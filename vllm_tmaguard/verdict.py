@@ -4,8 +4,9 @@ directory and replayed by the processes after it while everything it was decided
 costs a few dozen stat calls instead of the full run's imports and ELF reads.
 
 What a verdict was decided from, observed alike when it is stored and when it is replayed:
-  1. the process: the environment variables the stages read, the files already mapped under the driver's
-     name, the working directory, the effective user, the interpreter and the vLLM package it would import;
+  1. the process: the environment variables the stages read (LD_LIBRARY_PATH by its effect on the loader's
+     search, unless the stages read more of it), the files already mapped under the driver's name, the
+     working directory, the effective user, the interpreter and the vLLM package it would import;
   2. files: what inputs.py lists (observe_file: stat, owner, existence, entries, a /proc file's content).
 Which variables, names and files is the full run's to say (inputs.py, actions.replay_plan); this module
 observes, compares and redoes. A verdict is replayed whole or not at all: the stored record with this
@@ -17,6 +18,7 @@ Standard library only, and no value types: every vLLM process imports it."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import stat
@@ -28,7 +30,16 @@ from typing import Any
 from . import __version__
 from .files import default_record_dir, process_record_path, write_atomically, write_record
 from .log import details, fit_line, log
-from .process import answering, block_import, find_package_dir, load_library, mapped_named, read_self_maps
+from .process import (
+    LIBRARY_PATH,
+    answering,
+    block_import,
+    find_package_dir,
+    load_library,
+    mapped_named,
+    read_self_maps,
+    split_library_path,
+)
 
 CACHE_FILE = "verdicts.json"
 _FORMAT = 1
@@ -117,18 +128,46 @@ def observe_file(kind: str, path: str) -> list[Any] | str:
 def observe_process(library: str, env_names: Iterable[str], env_prefixes: Iterable[str]) -> dict[str, Any]:
     """The process's side of the inputs (taken before the guard changes anything)."""
     names, prefixes = frozenset(env_names), tuple(env_prefixes)
-    environ = os.environ
+    environ, cwd = os.environ, os.getcwd()
     return {
         "library": library,
         "env_names": sorted(names),
         "env_prefixes": list(prefixes),
         "env": {k: environ[k] for k in environ if k in names or k.startswith(prefixes)},
+        "library_path": library_path_view(library, environ.get(LIBRARY_PATH, ""), cwd),
         "mapped": list(mapped_named(library, read_self_maps())),
-        "cwd": os.getcwd(),
+        "cwd": cwd,
         "euid": os.geteuid(),
         "python": [sys.executable, sys.version],
         "vllm": find_package_dir("vllm"),
     }
+
+
+_NOT_THERE = ("error", errno.ENOENT), ("error", errno.ENOTDIR)
+
+
+def library_path_view(library: str, value: str, cwd: str) -> list[list[Any]]:
+    """What LD_LIBRARY_PATH (`value`) contributes to where `library` is loaded from: each of its candidates
+    that is there (or cannot be looked at), observed, in order, up to an entry the loader expands ($ORIGIN
+    & co.); an entry without the file contributes nothing and is left out, so two processes whose variables
+    differ only in such entries compare equal (opencv adds its own directory to its children's)."""
+    view: list[list[Any]] = []
+    for directory in split_library_path(value, cwd):
+        path = os.path.join(directory, library)
+        if "$" in path:
+            return [*view, ["token", path]]
+        seen = observe_file("stat", path)
+        if tuple(seen) not in _NOT_THERE:
+            view.append([path, seen])
+    return view
+
+
+def by_effect(process: dict[str, Any]) -> dict[str, Any]:
+    """A process observation that compares LD_LIBRARY_PATH by its effect on the loader's search alone
+    (library_path), for a verdict whose stages read nothing else of it."""
+    names = [name for name in process["env_names"] if name != LIBRARY_PATH]
+    env = {name: value for name, value in process["env"].items() if name != LIBRARY_PATH}
+    return {**process, "env_names": names, "env": env}
 
 
 # ---------------------------------------------------------------------------------------------------------

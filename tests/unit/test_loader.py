@@ -5,8 +5,8 @@ import shutil
 import struct
 import subprocess
 
-from vllm_tmaguard.loader import read_ld_so_cache, resolve_library, split_library_path
-from vllm_tmaguard.process import mapped_files
+from vllm_tmaguard.loader import read_ld_so_cache, resolve_library
+from vllm_tmaguard.process import mapped_files, split_library_path
 
 
 def test_ld_so_cache_matches_ldconfig() -> None:
@@ -70,3 +70,17 @@ def test_not_found_anywhere(tmp_path) -> None:
         "libcuda.so.1", {"LD_LIBRARY_PATH": str(tmp_path)}, root=str(tmp_path), maps_text=""
     )
     assert found.path is None and found.how == "not found"
+
+
+def test_library_path_view_keeps_only_entries_that_hold_the_library(tmp_path) -> None:
+    """What LD_LIBRARY_PATH contributes to the loader's search, for comparing processes (verdict.py)."""
+    from vllm_tmaguard.verdict import library_path_view
+
+    (tmp_path / "has").mkdir()
+    (tmp_path / "has/libcuda.so.1").write_bytes(b"x")
+    (tmp_path / "empty").mkdir()
+    plain = library_path_view("libcuda.so.1", f"{tmp_path}/has", "/")
+    padded = library_path_view("libcuda.so.1", f"{tmp_path}/empty:{tmp_path}/has:", str(tmp_path / "empty"))
+    assert [entry[0] for entry in plain] == [f"{tmp_path}/has/libcuda.so.1"] and padded == plain
+    expanded = library_path_view("libcuda.so.1", f"{tmp_path}/has:$ORIGIN/x:{tmp_path}/has", "/")
+    assert expanded[-1] == ["token", "/$ORIGIN/x/libcuda.so.1"]  # the search stops there

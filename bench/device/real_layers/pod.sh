@@ -38,13 +38,15 @@ if [ ! -d "$dir" ]; then
       ln -s "$real_cuda" "$dir/lib/libcuda.so.$version"
       ln -s "$real_nvml" "$dir/lib/libnvidia-ml.so.$version"
       mkdir -p "$dir/etc/vcuda"
-      "$state/layers/vcuda_config" "$dir/etc/vcuda" "${QUOTA:-8589934592}" > /dev/null
-      if [[ $pod == *+noconfig ]]; then rm "$dir/etc/vcuda/vcuda.config"; fi
       ;;
     hami)
       echo /usr/local/vgpu/libvgpu.so > "$dir/etc/ld.so.preload"
       ;;
   esac
+fi
+if [[ $layer == vcuda-* ]]; then  # this call's quota, also in a pod a warm machine kept from an earlier call
+  "$state/layers/vcuda_config" "$dir/etc/vcuda" "${QUOTA:-8589934592}" > /dev/null
+  if [[ $pod == *+noconfig ]]; then rm "$dir/etc/vcuda/vcuda.config"; fi
 fi
 added=()  # files the device plugin puts in place, SOURCE:TARGET
 case $layer in
