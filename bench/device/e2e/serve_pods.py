@@ -39,10 +39,10 @@ ROUNDS = int(os.environ.get("E2E_ROUNDS", "1"))
 # Every pod's server runs at the same time on the one GPU, so that the benchmark can interleave them: a
 # fixed KV cache (skips vLLM's memory profiling, which other processes' allocations would disturb) and a
 # memory fraction that the servers' free-memory check at start-up leaves room for. ~7 GiB each. A pod whose
-# layer shows the process its quota as the device (vCUDA) keeps vLLM's defaults: its KV cache is sized from
+# layer shows the process its quota as the device (vCUDA, HAMi-core) keeps vLLM's defaults: its KV cache is sized from
 # the quota.
 SHARED_GPU = ("--gpu-memory-utilization", "0.1", "--kv-cache-memory-bytes", str(4 << 30))
-QUOTA_SHOWN = ("real:vcuda-master", "real:vcuda-v1.0.5")
+QUOTA_SHOWN = ("real:vcuda-master", "real:vcuda-v1.0.5", "real:hami")
 MAX_TOKENS = 64
 
 # pod: (layer shape or None for the bare driver, extra environment, what it is). "real:POD" is a real layer
@@ -51,7 +51,7 @@ PODS = {
     "a": (None, {}, "bare: the real driver"),
     "vm": ("real:vcuda-master", {}, "tkestack vCUDA master (8 GiB quota), guard installed, nothing set"),
     "v105": ("real:vcuda-v1.0.5", {}, "tkestack vCUDA v1.0.5 (8 GiB quota), guard installed, nothing set"),
-    "hami": ("real:hami", {}, "HAMi-core (8 GiB limit), guard installed, nothing set"),
+    "hami": ("real:hami", {}, "HAMi-core (its limit: QUOTA_HAMI), guard installed, nothing set"),
     "b": ("upstream", {"TMAGUARD_MODE": "off"}, "emulated upstream vCUDA, guard off"),
     "c": ("upstream", {}, "emulated upstream vCUDA, guard installed, nothing set"),
     "d": ("network", {"LUPINE_SERVER": "10.0.0.1:9999"}, "network layer: no real encoder reachable"),

@@ -2,7 +2,7 @@
 # Builds the real sharing layers from their source trees (fetched on the preparing machine into the ignored
 # .thirdparty/ and carried; docs/real-layers.md names each repository and commit) into $STATE/layers:
 #   vcuda-master/libcuda-control.so, vcuda-v1.0.5/libcuda-control.so   tkestack/vcuda-controller
-#   hami/libvgpu.so                                                      Project-HAMi/HAMi-core
+#   hami-core/libvgpu.so                                                 Project-HAMi/HAMi-core
 # plus vcuda_config (writes vCUDA's resource_data_t) and the gpu-client stub. Idempotent.
 # usage: bash bench/device/real_layers/build.sh   (repository root; $STATE default /tmp/rl)
 set -euo pipefail
@@ -21,8 +21,12 @@ for tree in vcuda-master vcuda-v1.0.5; do
 done
 gcc -O2 -I"$tp/vcuda-master" -I"$vdpau" -o "$state/layers/vcuda_config" bench/device/real_layers/vcuda_config.c
 
-# HAMi-core links -lcuda -lnvidia-ml and includes nvml.h (from PyPI's nvidia-nvml-dev, carried).
-if [ ! -f "$state/layers/hami/libvgpu.so" ]; then
+# HAMi-core the way its own build.sh (and its Dockerfile) builds it: CMAKE_BUILD_TYPE=Debug, which is also
+# what exports its hooks (a Release build compiles with -fvisibility=hidden: only dlsym is exported, so its
+# dlsym finds none of its own hooks and hands out the driver's, and nothing is metered). It links -lcuda
+# -lnvidia-ml and includes nvml.h (from PyPI's nvidia-nvml-dev, carried).
+hami=$state/layers/hami-core
+if [ ! -f "$hami/libvgpu.so" ]; then
   real() {
     python3 -c "import os, sys; from vllm_tmaguard.loader import resolve_library as r
 print(os.path.realpath(r(sys.argv[1], {}).path))" "$1"
@@ -31,13 +35,13 @@ print(os.path.realpath(r(sys.argv[1], {}).path))" "$1"
   real_nvml=$(real libnvidia-ml.so.1)
   links=$state/layers/hami-link && mkdir -p "$links"
   ln -sf "$real_cuda" "$links/libcuda.so"; ln -sf "$real_nvml" "$links/libnvidia-ml.so"
-  mkdir -p "$state/layers/hami/build"
-  (cd "$state/layers/hami/build" && CUDA_HOME=/usr/local/cuda cmake "$tp/hami-core" -DCMAKE_BUILD_TYPE=Release -DCMAKE_POLICY_VERSION_MINIMUM=3.5 \
-      -DCMAKE_C_FLAGS="-I$tp/nvml-include" -DCMAKE_SHARED_LINKER_FLAGS="-L$links" -DDLSYM_HOOK_ENABLE=1 \
-      -DMULTIPROCESS_LIMIT_ENABLE=1 -DHOOK_MEMINFO_ENABLE=1 -DHOOK_NVML_ENABLE=1 > cmake.log &&
-    make -j8 > make.log) || { tail -20 "$state/layers/hami/build/make.log"; exit 1; }
-  cp "$(find "$state/layers/hami/build" -name libvgpu.so | head -1)" "$state/layers/hami/"
+  rm -rf "$hami" && cp -r "$tp/hami-core" "$hami"
+  (cd "$hami" && CUDA_HOME=/usr/local/cuda J=8 CMAKE_OPTIONS="-DCMAKE_POLICY_VERSION_MINIMUM=3.5 \
+      -DCMAKE_C_FLAGS=-I$tp/nvml-include -DCMAKE_SHARED_LINKER_FLAGS=-L$links" sh ./build.sh > build.log 2>&1) ||
+    { tail -20 "$hami/build.log"; exit 1; }
+  cp "$(find "$hami/build" -name libvgpu.so | head -1)" "$hami/"
 fi
+nm -D --defined-only "$hami/libvgpu.so" | grep -c " T cu" | sed 's/^/libvgpu.so exports cu* functions: /'
 # vCUDA fork+execs /usr/local/nvidia/bin/gpu-client to register the process; the stub logs and exits 0.
 printf '#!/bin/sh\necho "$$ $*" >> %s/registrations.log\nexit 0\n' "$state" > "$state/layers/gpu-client"
 chmod 755 "$state/layers/gpu-client"

@@ -14,7 +14,7 @@ export PYTHONPATH=/tmp/e2e/site:/tmp/e2e/v25:$(pwd)/bench/device
 state=${STATE:-/tmp/rl}
 
 echo "== libvgpu.so's exports of the look-up functions"
-nm -D --defined-only "$state/layers/hami/libvgpu.so" | grep -E " (cuGetProcAddress|cuGetExportTable|dlsym|dlvsym)" || echo none
+nm -D --defined-only "$state/layers/hami-core/libvgpu.so" | grep -E " (cuGetProcAddress|cuGetExportTable|dlsym|dlvsym)" || echo none
 
 echo "== what HAMi's dlsym hands out for them, on libcuda.so.1's handle"
 probe='import ctypes, os

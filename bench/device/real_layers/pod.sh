@@ -51,7 +51,7 @@ fi
 added=()  # files the device plugin puts in place, SOURCE:TARGET
 case $layer in
   vcuda-*) added+=("$state/layers/gpu-client:/usr/local/nvidia/bin/gpu-client") ;;
-  hami) added+=("$state/layers/hami/libvgpu.so:/usr/local/vgpu/libvgpu.so") ;;
+  hami) added+=("$state/layers/hami-core/libvgpu.so:/usr/local/vgpu/libvgpu.so") ;;
 esac
 vars=(PATH="$PATH" HOME=/root PYTHONUNBUFFERED=1 TMAGUARD_RECORD_DIR="${TMAGUARD_RECORD_DIR:-$state/records/$pod}")
 [ -n "${PYTHONPATH:-}" ] && vars+=(PYTHONPATH="$PYTHONPATH")

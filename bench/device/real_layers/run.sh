@@ -3,7 +3,7 @@
 # installed and nothing else set; every check of check.py in its own process. Results: $OUT/real-checks.tgz
 # (checks.jsonl: one RESULT per process; logs/; records/; registrations.log; cost-<pod>.txt: the guard's
 # own cost per process, bench/guard_cost.py).
-# usage: bash bench/device/real_layers/run.sh   (repository root; carry .dev .thirdparty)
+# usage: [PODS="hami ..."] bash bench/device/real_layers/run.sh   (repository root; carry .dev/e2e/part1 .thirdparty)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 here=bench/device/real_layers
@@ -35,7 +35,7 @@ pod_checks() {  # pod
   for step in quota torch cublaslt triton; do check "$pod" "$step" TMAGUARD_TRACE=1 LOGGER_LEVEL=4 LIBCUDA_LOG_LEVEL=4; done
   for step in quota torch cublaslt triton triton_tma machete; do check "$pod" "$step" --vllm LOGGER_LEVEL=4; done
 }
-for pod in bare vcuda-master vcuda-v1.0.5 hami; do pod_checks "$pod" > "$out/logs/summary-$pod.txt" 2>&1 & done
+for pod in ${PODS:-bare vcuda-master vcuda-v1.0.5 hami}; do pod_checks "$pod" > "$out/logs/summary-$pod.txt" 2>&1 & done
 wait
 cat "$out"/logs/summary-*.txt
 echo "== guard off, vCUDA master (the failures the guard exists for)"
