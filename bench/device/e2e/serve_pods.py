@@ -39,8 +39,8 @@ ROUNDS = int(os.environ.get("E2E_ROUNDS", "1"))
 # Every pod's server runs at the same time on the one GPU, so that the benchmark can interleave them: a
 # fixed KV cache (skips vLLM's memory profiling, which other processes' allocations would disturb) and a
 # memory fraction that the servers' free-memory check at start-up leaves room for. ~7 GiB each. A pod whose
-# layer shows the process its quota as the device (vCUDA, HAMi-core) keeps vLLM's defaults: its KV cache is sized from
-# the quota.
+# layer shows the process its quota as the device (vCUDA, HAMi-core) keeps vLLM's defaults: its KV cache is
+# sized from the quota.
 SHARED_GPU = ("--gpu-memory-utilization", "0.1", "--kv-cache-memory-bytes", str(4 << 30))
 QUOTA_SHOWN = ("real:vcuda-master", "real:vcuda-v1.0.5", "real:hami")
 MAX_TOKENS = 64
