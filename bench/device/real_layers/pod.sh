@@ -8,7 +8,8 @@
 #                 (resource_data_t, $QUOTA bytes) and pids.config, /usr/local/nvidia/bin/gpu-client (stub);
 #                 POD+noconfig: the same without vcuda.config
 #   hami          HAMi-core's /usr/local/vgpu/libvgpu.so in /etc/ld.so.preload, CUDA_DEVICE_MEMORY_LIMIT_0
-#                 ($QUOTA_HAMI), CUDA_DEVICE_SM_LIMIT, CUDA_DEVICE_MEMORY_SHARED_CACHE; the real libcuda.so.1
+#                 ($QUOTA_HAMI), CUDA_DEVICE_SM_LIMIT, CUDA_DEVICE_MEMORY_SHARED_CACHE (one per limit: HAMi keeps
+#                 the first limit in it), the real libcuda.so.1
 # A vCUDA pod's pids.config is kept current by pids_daemon.py (what vCUDA's node daemon does).
 # usage: pod.sh POD [NAME=VALUE ...] -- COMMAND ...   (as root; $STATE default /tmp/rl)
 # Off the GPU machine (real layers on stand-in libraries): REAL_CUDA, REAL_NVML and DRIVER_VERSION name
@@ -58,7 +59,7 @@ vars=(PATH="$PATH" HOME=/root PYTHONUNBUFFERED=1 TMAGUARD_RECORD_DIR="${TMAGUARD
 case $layer in
   vcuda-*) vars+=(LD_LIBRARY_PATH="$dir/lib") ;;
   hami) vars+=(CUDA_DEVICE_MEMORY_LIMIT_0="${QUOTA_HAMI:-8g}" CUDA_DEVICE_SM_LIMIT=100
-               CUDA_DEVICE_MEMORY_SHARED_CACHE="$dir/hami.cache") ;;
+               CUDA_DEVICE_MEMORY_SHARED_CACHE="$dir/hami-${QUOTA_HAMI:-8g}.cache") ;;
 esac
 if [[ $layer == vcuda-* ]]; then
   python3 "$here/pids_daemon.py" "$dir/etc/vcuda/pids.config" $$ &
