@@ -42,6 +42,8 @@ ROUNDS = int(os.environ.get("E2E_ROUNDS", "1"))
 # layer shows the process its quota as the device (vCUDA, HAMi-core) keeps vLLM's defaults: its KV cache is
 # sized from the quota.
 SHARED_GPU = ("--gpu-memory-utilization", "0.1", "--kv-cache-memory-bytes", str(4 << 30))
+# E2E_TP: tensor parallel size (vLLM's EngineCore then starts one worker process per GPU).
+PARALLEL = ("--tensor-parallel-size", os.environ.get("E2E_TP", "1"))
 QUOTA_SHOWN = ("real:vcuda-master", "real:vcuda-v1.0.5", "real:hami")
 MAX_TOKENS = 64
 
@@ -264,7 +266,7 @@ class Server:
         }
         command = [
             PYTHON, "-m", "vllm.entrypoints.cli.main", "serve", str(MODEL), "--served-model-name", "tiny",
-            "--port", str(port), "--seed", "0", *(() if shape in QUOTA_SHOWN else SHARED_GPU),
+            "--port", str(port), "--seed", "0", *(() if shape in QUOTA_SHOWN else SHARED_GPU), *PARALLEL,
         ]  # fmt: skip
         if shape and shape.startswith("real:"):
             passed = [f"{k}={v}" for k, v in env.items() if k in PASSED or k in pod_env]
