@@ -49,7 +49,7 @@ check vcuda-master+noconfig guard
 echo "== the guard's cost per process: import plus activation (bench/guard_cost.py --here)"
 for pod in bare vcuda-master; do
   timeout 180 bash $here/pod.sh "$pod" -- python3 bench/guard_cost.py --here --runs 20 > "$out/cost-$pod.txt" 2>&1
-  echo "$pod: $(tail -1 "$out/cost-$pod.txt")"
+  echo "$pod:"; tail -2 "$out/cost-$pod.txt"
 done
 cp "$state/registrations.log" "$out/"; cp -r "$state/records" "$out/" 2>/dev/null
 tar -czf "${OUT:-/tmp}/real-checks.tgz" -C "$state" results

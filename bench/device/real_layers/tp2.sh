@@ -6,5 +6,5 @@
 # usage: bash bench/device/real_layers/tp2.sh   (repository root; carry .dev/e2e/part1 .thirdparty)
 set -uo pipefail
 nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader
-E2E_TP=2 E2E_BUDGET_S=0 E2E_PROMPT_COUNT=${E2E_PROMPT_COUNT:-8} QUOTA=${QUOTA:-$((24 << 30))} \
+SERVE_EXTRAS=0 E2E_TP=2 E2E_BUDGET_S=0 E2E_PROMPT_COUNT=${E2E_PROMPT_COUNT:-8} QUOTA=${QUOTA:-$((24 << 30))} \
   bash bench/device/real_layers/serve.sh a vm
