@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from .catalogue import DRIVER_LIBRARY, OVERLAY_TRIGGERS
 from .elf import ElfError, read_elf
 from .loader import resolve_library
-from .process import read_self_maps
+from .process import read_loaded_objects
 
 
 def vllm_installed() -> bool:
@@ -25,7 +25,7 @@ def guard_needed_before(environ: Mapping[str, str]) -> bool:
     if environ.get("TMAGUARD_MODE", "").strip().lower() == "off":
         return False
     root = environ.get("TMAGUARD_ROOT") or "/"
-    resolution = resolve_library(DRIVER_LIBRARY, environ, root, read_self_maps())
+    resolution = resolve_library(DRIVER_LIBRARY, environ, root, read_loaded_objects())
     if resolution.path is None or resolution.how == "mapped":
         return False  # nothing to load a library in front of, or too late: the guard says so at vLLM's import
     try:

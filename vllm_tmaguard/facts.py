@@ -9,7 +9,7 @@ from .elf import ElfError, ElfInfo, read_elf
 from .gpu import cuda_version_of_driver, read_driver_version
 from .layers import Layer, detect_layers, gather_evidence
 from .loader import LibraryResolution, find_real_driver, resolve_library
-from .process import read_self_maps
+from .process import read_loaded_objects
 from .scan_cache import probe_vllm_cached
 from .vllm_probe import VllmFacts
 
@@ -49,7 +49,7 @@ class Facts(NamedTuple):
 
 def probe_driver(environ: Mapping[str, str], root: str) -> DriverFacts:
     module_version = read_driver_version(root)
-    resolution = resolve_library(DRIVER_LIBRARY, environ, root, read_self_maps())
+    resolution = resolve_library(DRIVER_LIBRARY, environ, root, read_loaded_objects())
     if resolution.path is None:
         return DriverFacts(resolution, None, module_version=module_version)
     try:

@@ -9,8 +9,7 @@ import os
 import threading
 from typing import Any
 
-from .log import log
-from .verdict import Verdict, issue, replay
+from .verdict import Verdict, announce, log, replay, written
 
 _lock = threading.Lock()
 _activated = False
@@ -55,7 +54,21 @@ def _inherited(parent: Verdict, trigger: str) -> Verdict:
         timings_ms={},
     )
     try:
-        return issue(verdict, _record_dir)
+        return _issued(verdict, _record_dir)
     except Exception as error:  # the guard must never make start-up worse
         log("warning", f"tmaguard: internal error recording a forked process: {type(error).__name__}")
         return verdict
+
+
+def _issued(verdict: Verdict, directory: str | None) -> Verdict:
+    """Written and logged without the full run's modules; a refused write takes the full run's way (a
+    problem of the record)."""
+    if directory is not None:
+        try:
+            written(verdict, directory)
+        except OSError:
+            from .pipeline import issued
+
+            return issued(verdict, directory)
+    announce(verdict)
+    return verdict

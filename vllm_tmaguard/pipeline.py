@@ -29,16 +29,15 @@ from .codes import (
 from .facts import Facts, probe
 from .gpu import probe_gpus
 from .inputs import ENV_NAMES, ENV_PREFIXES, file_inputs, watched_environ
-from .log import log
 from .outcomes import Problem
 from .record import Record, assemble, level_of, line_parts
 from .redaction import MIN_SECRET, redact, shows_redaction
 from .routing import plan_routing_after
-from .store import open_record_dir
+from .store import not_written, open_record_dir
 from .supply import plan_supply
 from .toggles import read_toggles
 from .trust import probe_root_problem
-from .verdict import Verdict, by_effect, issue, observe_process, remember
+from .verdict import Verdict, announce, by_effect, log, observe_process, remember, written
 
 TERMINATION_LOG = "/dev/termination-log"  # Kubernetes' default terminationMessagePath
 # Problems of this process alone, not of its inputs: a verdict holding one is not replayed to others.
@@ -102,7 +101,7 @@ def run(trigger: str) -> tuple[Verdict, str | None] | None:
         record = assemble(
             trigger, toggles.mode, facts, gpus, plan, route, supplied + routed, problems, clock.times
         )
-        verdict = issue(_verdict(record, toggles.log_format), records.path)
+        verdict = issued(_verdict(record, toggles.log_format), records.path)
         stop = _stop_if_asked(verdict.record["problems"], toggles.strict)
         if records.path and not records.refused and not stop and _replayable(verdict):
             inputs, library_path_read = file_inputs(facts, toggles.root, records.path, record.actions)
@@ -125,6 +124,20 @@ def run(trigger: str) -> tuple[Verdict, str | None] | None:
 
 def _verdict(record: Record, log_format: str) -> Verdict:
     return Verdict(record.to_json(), level_of(record), *line_parts(record), log_format)
+
+
+def issued(verdict: Verdict, directory: str | None) -> Verdict:
+    """The verdict written (where there is a directory) and logged; a refused write is a problem of its
+    record (a forked child's too: guard.py)."""
+    if directory is not None:
+        try:
+            verdict = written(verdict, directory)
+        except OSError as error:
+            record = Record.from_json(verdict.record)
+            record = record._replace(problems=(*record.problems, not_written(directory, error)))
+            verdict = _verdict(record, verdict.log_format)
+    announce(verdict)
+    return verdict
 
 
 def _replayable(verdict: Verdict) -> bool:

@@ -1,12 +1,14 @@
 """This process, as the guard sees and changes it. Read passively (nothing loaded or imported): the shared
-objects it has mapped, from /proc/self/maps or, without /proc, the dynamic loader's own list; where a
+objects the dynamic loader has loaded (its own list, or /proc/self/maps); where a
 package would be imported from. Changed only here: a library loaded, a module kept from importing (the
 environment variables the guard sets are os.environ's). Standard library only: the verdict cache
 (verdict.py) uses it in every vLLM process; actions.py decides what to change."""
 
+import functools
 import importlib.machinery
 import os
 import sys
+from typing import Any
 
 LIBRARY_PATH = "LD_LIBRARY_PATH"
 
@@ -29,39 +31,49 @@ def mapped_files(maps_text: str) -> list[str]:
     return list(seen)
 
 
-def read_self_maps() -> str | None:
-    """/proc/self/maps, or without /proc (a sandbox, a chroot) the same lines for the loader's own list of
-    loaded objects; None if neither can be read."""
+def read_loaded_objects() -> str | None:
+    """The files the dynamic loader has loaded into this process, one /proc/PID/maps-style line each (for
+    mapped_files): what dlopen answers from. Asked of the loader itself (dl_iterate_phdr, passive: loads
+    nothing), or where ctypes cannot, read from /proc/self/maps; None if neither can be read."""
+    loaded = _loaded_objects()
+    if loaded is not None:
+        return "".join(f"0-0 r--p 00000000 00:00 0 {path}\n" for path in loaded)
     try:
         with open("/proc/self/maps") as file:
             return file.read()
     except OSError:
-        return _loaded_objects_as_maps()
+        return None
 
 
-def _loaded_objects_as_maps() -> str | None:
-    """One maps-style line per object the dynamic loader has loaded (dl_iterate_phdr: passive, loads
-    nothing), for mapped_files()."""
+@functools.cache
+def _iterate_phdr() -> tuple[Any, Any]:
+    """dl_iterate_phdr with the GIL held through the call (PyDLL): no other Python thread runs, so none can
+    be inside dlopen waiting for the loader's lock the iteration holds while the callback waits for the
+    GIL. The C types are made once (each costs more than the iteration itself)."""
     import ctypes
 
-    class _Info(ctypes.Structure):  # the leading fields of struct dl_phdr_info
+    class Info(ctypes.Structure):  # the leading fields of struct dl_phdr_info
         _fields_ = [("addr", ctypes.c_size_t), ("name", ctypes.c_char_p)]
 
+    callback_type = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(Info), ctypes.c_size_t, ctypes.c_void_p)
+    iterate = ctypes.PyDLL(None).dl_iterate_phdr
+    iterate.argtypes = [callback_type, ctypes.c_void_p]
+    return iterate, callback_type
+
+
+def _loaded_objects() -> list[str] | None:
+    try:
+        iterate, callback_type = _iterate_phdr()
+    except (ImportError, OSError, AttributeError):
+        return None
     names: list[bytes] = []
-    callback_type = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(_Info), ctypes.c_size_t, ctypes.c_void_p)
 
     def collect(info, size, data):  # type: ignore[no-untyped-def]
         names.append(info.contents.name or b"")
         return 0
 
-    try:
-        iterate = ctypes.CDLL(None).dl_iterate_phdr
-        iterate.argtypes = [callback_type, ctypes.c_void_p]
-        iterate(callback_type(collect), None)
-    except (OSError, AttributeError):
-        return None
-    paths = [os.fsdecode(name) for name in names if name.startswith(b"/")]
-    return "".join(f"0-0 r--p 00000000 00:00 0 {path}\n" for path in paths)
+    iterate(callback_type(collect), None)
+    return [os.fsdecode(name) for name in names if name.startswith(b"/")]
 
 
 def mapped_named(name: str, maps_text: str | None) -> tuple[str, ...]:

@@ -10,9 +10,9 @@ from typing import Any, NamedTuple
 
 from . import __version__, codes
 from .codes import LOAD_OVERLAY, LOAD_SHIM
-from .log import MESSAGE_LIMIT, clip, details, fit_line
 from .outcomes import Action, Problem
 from .redaction import redact
+from .verdict import MESSAGE_LIMIT, clip, details, fit_line
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # the stages' types, for annotations only: importing them here would cost start-up
@@ -255,15 +255,6 @@ def _routing_json(routing: Any) -> dict[str, Any]:
         "stale": list(routing.stale),
         "error": routing.error,
     }
-
-
-def with_problem(
-    document: dict[str, Any], problem: Problem
-) -> tuple[dict[str, Any], str, list[str], list[str]]:
-    """A record document with one more problem: the document, its level and its line's parts."""
-    record = Record.from_json(document)
-    record = record._replace(problems=(*record.problems, problem))
-    return (record.to_json(), level_of(record), *line_parts(record))
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -13,13 +13,16 @@ observes, compares and redoes. A verdict is replayed whole or not at all: the st
 process's pid, time and trigger, its changes made again, its line logged; anything different, and the full
 run decides.
 
-Standard library only, and no value types: every vLLM process imports it."""
+Also how a verdict is issued, the full run's too: its record file and its one log line in vLLM's style.
+Long because every vLLM process imports it: standard library only, no value types, one module fewer to
+load (each costs a quarter of a millisecond on a GPU host)."""
 
 from __future__ import annotations
 
 import contextlib
 import errno
 import json
+import logging
 import os
 import stat
 import sys
@@ -29,7 +32,6 @@ from typing import Any
 
 from . import __version__
 from .files import default_record_dir, process_record_path, write_atomically, write_record
-from .log import details, fit_line, log
 from .process import (
     LIBRARY_PATH,
     answering,
@@ -37,12 +39,12 @@ from .process import (
     find_package_dir,
     load_library,
     mapped_named,
-    read_self_maps,
+    read_loaded_objects,
     split_library_path,
 )
 
 CACHE_FILE = "verdicts.json"
-_FORMAT = 1
+_CACHE_FORMAT = 1
 ENTRIES_KEPT = 4  # distinct process environments per pod (the API server's, its workers' after its knobs)
 
 
@@ -78,26 +80,77 @@ class Verdict:
         return Verdict(record, self.level, self.essential, self.optional, self.log_format)
 
 
-def issue(verdict: Verdict, directory: str | None) -> Verdict:
-    """Writes the verdict's record (where there is a directory) and logs its line. A refused write becomes a
-    problem of the record, as in the full run."""
-    if directory is not None:
-        path = process_record_path(directory, verdict.record["pid"])
-        try:
-            write_record({**verdict.record, "record_file": path}, directory, verdict.record["pid"])
-            verdict.record["record_file"] = path
-        except OSError as error:
-            from .record import with_problem  # only on this failure: they import the value types
-            from .store import not_written
+# ---------------------------------------------------------------------------------------------------------
+# The log line: the vllm_tmaguard logger in vLLM's format; its parts (record.line_parts) fitted to its limit
+logger = logging.getLogger("vllm_tmaguard")
+LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+# vLLM's own format (vllm/logger.py), so the line sits naturally among vLLM's.
+_LINE_FORMAT = "(tmaguard pid=%(process)d) %(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s"
+_DATE_FORMAT = "%m-%d %H:%M:%S"
+# vLLM's prefix (pid, level, time, file) keeps the whole line within 400 characters, readable in `kubectl
+# logs`. The detail is in the record file and `tmaguard doctor`.
+MESSAGE_LIMIT = 335
 
-            parts = with_problem(verdict.record, not_written(directory, error))
-            verdict = Verdict(*parts, verdict.log_format)
+
+def clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
+def fit_line(essential: list[str], optional: list[str], limit: int = MESSAGE_LIMIT) -> str:
+    """The parts joined with "; ": every essential part (the caller sized them to fit), then the optional
+    ones in order while they fit, the first that does not fit clipped into what room is left."""
+    room = limit - sum(len(part) + 2 for part in essential)
+    kept = []
+    for part in optional:
+        if len(part) + 2 <= room:
+            kept.append(part)
+            room -= len(part) + 2
+        elif room > 30:
+            kept.append(clip(part, room - 2))
+            room = 0
+    return clip("; ".join(essential + kept), limit)
+
+
+def details(record_file: str | None) -> str:
+    """The line's last part: where the whole record is."""
+    return f"details: {record_file or 'tmaguard doctor'}"
+
+
+def ensure_handler() -> None:
+    """Our own stream handler in vLLM's format, unless the user runs their own logging configuration."""
+    if logger.handlers or os.environ.get("VLLM_CONFIGURE_LOGGING", "1") == "0":
+        return
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter(_LINE_FORMAT, _DATE_FORMAT))
+    logger.addHandler(handler)
+    logger.setLevel(
+        logging.DEBUG if os.environ.get("VLLM_LOGGING_LEVEL", "").upper() == "DEBUG" else logging.INFO
+    )
+    logger.propagate = False
+
+
+def log(level: str, message: str) -> None:
+    """Logs one line at `level` (a key of LEVELS). The caller has redacted it."""
+    ensure_handler()
+    logger.log(LEVELS[level], message, stacklevel=2)
+
+
+def written(verdict: Verdict, directory: str) -> Verdict:
+    """The verdict with its record written to `directory` (process-<pid>.json and last.json). Raises OSError
+    where the directory refuses; the verdict is then unchanged."""
+    path = process_record_path(directory, verdict.record["pid"])
+    write_record({**verdict.record, "record_file": path}, directory, verdict.record["pid"])
+    verdict.record["record_file"] = path
+    return verdict
+
+
+def announce(verdict: Verdict) -> None:
+    """Logs the verdict's one line (TMAGUARD_LOG_FORMAT=json: the whole record)."""
     if verdict.log_format == "json":
         text = json.dumps(verdict.record)
     else:
         text = fit_line(verdict.essential, [*verdict.optional, details(verdict.record["record_file"])])
     log(verdict.level, text)
-    return verdict
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -135,7 +188,7 @@ def observe_process(library: str, env_names: Iterable[str], env_prefixes: Iterab
         "env_prefixes": list(prefixes),
         "env": {k: environ[k] for k in environ if k in names or k.startswith(prefixes)},
         "library_path": library_path_view(library, environ.get(LIBRARY_PATH, ""), cwd),
-        "mapped": list(mapped_named(library, read_self_maps())),
+        "mapped": list(mapped_named(library, read_loaded_objects())),
         "cwd": cwd,
         "euid": os.geteuid(),
         "python": [sys.executable, sys.version],
@@ -204,7 +257,7 @@ def _load(directory: str) -> list[dict[str, Any]]:
             document = json.loads(file.read())
         except ValueError:
             return []
-    if document.get("format") != _FORMAT or document.get("tmaguard") != __version__:
+    if document.get("format") != _CACHE_FORMAT or document.get("tmaguard") != __version__:
         return []
     return document.get("entries") or []
 
@@ -222,7 +275,7 @@ def remember(
     value redaction counts as a secret). A failure only costs later processes their full run."""
     entry = {"process": process, "files": observe_files(inputs), "verdict": verdict.to_json(), **replaying}
     others = [e for e in _load(directory) if e.get("process") != process]
-    document = {"format": _FORMAT, "tmaguard": __version__, "entries": [entry, *others][:ENTRIES_KEPT]}
+    document = {"format": _CACHE_FORMAT, "tmaguard": __version__, "entries": [entry, *others][:ENTRIES_KEPT]}
     with contextlib.suppress(OSError):
         write_atomically(_cache_path(directory), json.dumps(document).encode())
 
@@ -283,18 +336,25 @@ def redo(plan: dict[str, Any]) -> bool:
 
 
 def replay(trigger: str) -> tuple[Verdict, str] | None:
-    """This process's verdict from the cache, done, written and logged, with the directory it was written
-    to; None where there is no matching verdict or it could not be replayed whole."""
+    """This process's verdict from the cache, written, done and logged, with the directory it was written
+    to; None where there is no matching verdict or it could not be replayed whole (a refused write changes
+    nothing; a library that does not load as it did leaves the rest to the full run, which writes this
+    process's record again)."""
     started = time.perf_counter()
     directory = _private_dir_asked()
     entry = _matching(_load(directory)) if directory else None
     if entry is None or directory is None or not _replayable_here(entry):
         return None
     stored = Verdict.from_json(entry["verdict"])
-    if not redo(entry["redo"]):
-        return None
     elapsed = round((time.perf_counter() - started) * 1e3, 3)
     verdict = stored.for_process(
         trigger, replayed_from=stored.record["pid"], timings_ms={"replay": elapsed}, elapsed_ms=elapsed
     )
-    return issue(verdict, directory), directory
+    try:
+        written(verdict, directory)
+    except OSError:
+        return None
+    if not redo(entry["redo"]):
+        return None
+    announce(verdict)
+    return verdict, directory

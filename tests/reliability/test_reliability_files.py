@@ -233,7 +233,7 @@ def test_no_proc(pods, tmp_path: Path) -> None:
 
 
 def test_loaded_objects_without_proc(monkeypatch) -> None:
-    """In-process: with /proc/self/maps unreadable, read_self_maps lists the loader's objects."""
+    """In-process: with /proc/self/maps unreadable, read_loaded_objects lists the loader's objects."""
     import builtins
 
     from vllm_tmaguard import process
@@ -246,7 +246,7 @@ def test_loaded_objects_without_proc(monkeypatch) -> None:
         return real_open(file, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "open", no_proc_open)
-    text = process.read_self_maps()
+    text = process.read_loaded_objects()
     assert text is not None
     files = process.mapped_files(text)
     assert any(os.path.basename(f).startswith("libc.so") for f in files)
