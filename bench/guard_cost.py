@@ -34,13 +34,17 @@ except Exception:
 print(json.dumps(sorted(n for n in sys.modules if n.split(".")[0] in sys.stdlib_module_names)))
 """
 
-CHILD = """
+# A child's first lines: the standard-library modules a vLLM process has loaded (argv[1], stdlib_of_vllm).
+PRELOAD = """
 import importlib, json, sys, time
 for name in json.loads(sys.argv[1]):
     try:
         importlib.import_module(name)
     except Exception:
         pass
+"""
+
+CHILD = PRELOAD + """
 started = time.perf_counter()
 from vllm_tmaguard.guard import activate
 imported = time.perf_counter()

@@ -88,11 +88,12 @@ def _preload(pod) -> dict[str, str]:
 
 
 # change -> (how to make it, the record's field it changes (None: only the inputs), verdicts kept: one per
-# process environment, files replace their own environment's)
+# process observation (LD_LIBRARY_PATH's libcuda.so.1 files are part of it), a changed file's verdict
+# replaces its own)
 CHANGES = {
     "a toggle": (lambda pod: {"TMAGUARD_GEMM": "portable"}, "routing", 2),
     "a knob routing merges with": (lambda pod: {"VLLM_DISABLED_KERNELS": "HummingLinearKernel"}, None, 2),
-    "libcuda.so.1 replaced": (_touch_driver, "outcome", 1),
+    "libcuda.so.1 replaced": (_touch_driver, "outcome", 2),
     "another GPU": (_other_gpu, "gpu", 1),
     "a preload appears": (_preload, "layers", 1),
 }

@@ -5,8 +5,8 @@ costs a few dozen stat calls instead of the full run's imports and ELF reads.
 
 What a verdict was decided from, observed alike when it is stored and when it is replayed:
   1. the process: the environment variables the stages read (LD_LIBRARY_PATH by its effect on the loader's
-     search, unless the stages read more of it), the files already mapped under the driver's name, the
-     working directory, the effective user, the interpreter and the vLLM package it would import;
+     search, unless the stages read more of it), the files loaded under the driver's name where one answers
+     it, the working directory, the effective user, the interpreter and the vLLM package it would import;
   2. files: what inputs.py lists (observe_file: stat, owner, existence, entries, a /proc file's content).
 Which variables, names and files is the full run's to say (inputs.py, actions.replay_plan); this module
 observes, compares and redoes. A verdict is replayed whole or not at all: the stored record with this
@@ -188,12 +188,21 @@ def observe_process(library: str, env_names: Iterable[str], env_prefixes: Iterab
         "env_prefixes": list(prefixes),
         "env": {k: environ[k] for k in environ if k in names or k.startswith(prefixes)},
         "library_path": library_path_view(library, environ.get(LIBRARY_PATH, ""), cwd),
-        "mapped": list(mapped_named(library, read_loaded_objects())),
+        "mapped": _loaded_as(library),
         "cwd": cwd,
         "euid": os.geteuid(),
         "python": [sys.executable, sys.version],
         "vllm": find_package_dir("vllm"),
     }
+
+
+def _loaded_as(library: str) -> list[str]:
+    """The loaded files named like `library`, asked only where an object answers its name (RTLD_NOLOAD, a
+    few microseconds; the loader's whole list costs a few hundred): a file named so that does not answer
+    the name cannot keep dlopen(library) from giving this package's overlay, so it counts for nothing."""
+    if answering(library) is None:
+        return []
+    return list(mapped_named(library, read_loaded_objects()))
 
 
 _NOT_THERE = ("error", errno.ENOENT), ("error", errno.ENOTDIR)

@@ -1,0 +1,68 @@
+"""Where a replay's time goes (the verdict cache, vllm_tmaguard/verdict.py), step by step, in this process's
+environment: a first process fills TMAGUARD_RECORD_DIR, then fresh processes, each with the standard library
+a vLLM process loads already imported (bench/guard_cost.py), time each step of verdict.replay.
+
+usage: python bench/replay_steps.py [--runs N]   (inside a pod: bench/device/real_layers/pod.sh POD -- ...)"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+from guard_cost import PRELOAD, stdlib_of_vllm
+
+CHILD = PRELOAD + """
+times, last = {}, time.perf_counter()
+def lap(step):
+    global last
+    now = time.perf_counter()
+    times[step] = (now - last) * 1e3
+    last = now
+import vllm_tmaguard.guard
+from vllm_tmaguard import process, verdict as v
+lap("import")
+directory = v._private_dir_asked(); lap("record directory")
+entries = v._load(directory); lap("cache file")
+stored = entries[0]["process"]
+process.read_loaded_objects(); lap("loaded objects")
+process.find_package_dir("vllm"); lap("vllm's package")
+v.observe_process(stored["library"], stored["env_names"], stored["env_prefixes"]); lap("process inputs")
+entry = v._matching(entries); lap("file inputs")
+v._replayable_here(entry); lap("secrets, imports")
+verdict = v.Verdict.from_json(entry["verdict"]).for_process("steps"); lap("record")
+v.written(verdict, directory); lap("record file")
+v.redo(entry["redo"]); lap("changes")
+v.announce(verdict); lap("log line")
+print("RESULT " + json.dumps(times))
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=20)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as records:
+        env = {**os.environ, "TMAGUARD_RECORD_DIR": records}
+        preload = json.dumps(stdlib_of_vllm(env))
+        subprocess.run([sys.executable, "-c", "from vllm_tmaguard.guard import activate; activate('fill')"],
+                       env=env, check=True, capture_output=True)  # fmt: skip
+        runs = []
+        for _ in range(args.runs):
+            done = subprocess.run(
+                [sys.executable, "-c", CHILD, preload], env=env, check=True, capture_output=True, text=True
+            )
+            line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
+            runs.append(json.loads(line.removeprefix("RESULT ")))
+    medians = {step: statistics.median(r[step] for r in runs) for step in runs[0]}
+    for step, median in medians.items():
+        print(f"{step:20s} {median:7.3f} ms")
+    print(f"{'sum of the medians':20s} {sum(medians.values()):7.3f} ms")
+
+
+if __name__ == "__main__":
+    main()
