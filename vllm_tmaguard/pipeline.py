@@ -10,6 +10,7 @@ and gets out of the way, unless strict mode asks it to stop start-up."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -103,11 +104,6 @@ def run(trigger: str) -> tuple[Verdict, str | None] | None:
         )
         verdict = issued(_verdict(record, toggles.log_format), records.path)
         stop = _stop_if_asked(verdict.record["problems"], toggles.strict)
-        if records.path and not records.refused and not stop and _replayable(verdict):
-            inputs, library_path_read = file_inputs(facts, toggles.root, records.path, record.actions)
-            compared = process if library_path_read else by_effect(process)
-            replaying = {"redo": replay_plan(record.actions), "secret_min": MIN_SECRET}
-            remember(records.path, compared, inputs, verdict, replaying)
     except Exception as error:  # the guard must never make start-up worse
         message = f"tmaguard: internal error, leaving vLLM as it is: {type(error).__name__}: {error}"
         log("warning", redact(message))
@@ -119,7 +115,21 @@ def run(trigger: str) -> tuple[Verdict, str | None] | None:
         return None
     if stop:
         raise _told_kubernetes(stop, toggles.root)
+    if records.path and not records.refused and _replayable(verdict):
+        with contextlib.suppress(Exception):  # not remembered: later processes run the full run too
+            _remember(process, facts, toggles.root, records.path, record, verdict)
     return verdict, records.path if verdict.record["record_file"] else None
+
+
+def _remember(
+    process: dict[str, Any], facts: Facts, root: str, directory: str, record: Record, verdict: Verdict
+) -> None:
+    """Keeps the verdict for the pod's later processes, with what it was decided from (docs/design.md
+    §4.1)."""
+    inputs, library_path_read = file_inputs(facts, root, directory, record.actions)
+    compared = process if library_path_read else by_effect(process)
+    replaying = {"redo": replay_plan(record.actions), "secret_min": MIN_SECRET}
+    remember(directory, compared, inputs, verdict, replaying)
 
 
 def _verdict(record: Record, log_format: str) -> Verdict:
