@@ -197,9 +197,11 @@ def observe_process(library: str, env_names: Iterable[str], env_prefixes: Iterab
 
 
 def _loaded_as(library: str) -> list[str]:
-    """The loaded files named like `library`, asked only where an object answers its name (RTLD_NOLOAD, a
-    few microseconds; the loader's whole list costs a few hundred): a file named so that does not answer
-    the name cannot keep dlopen(library) from giving this package's overlay, so it counts for nothing."""
+    """The loaded files named like `library`, listed only where an object answers its name (RTLD_NOLOAD: a
+    few microseconds; the loader's whole list costs a few hundred). A file so named that does not answer
+    the name (loaded by a path, another SONAME) goes unseen here, though the full run counts it as mapped:
+    either way a replay stays safe, the shims work anywhere and the overlay is checked to answer the name
+    once loaded (redo)."""
     if answering(library) is None:
         return []
     return list(mapped_named(library, read_loaded_objects()))
