@@ -1,5 +1,5 @@
 """What the guard would find and do in a vLLM process started here, as its record, with nothing changed:
-the same stages as guard._run in validate mode (for `tmaguard check` and `tmaguard doctor`)."""
+the same stages as pipeline.run in validate mode (for `tmaguard check` and `tmaguard doctor`)."""
 
 from __future__ import annotations
 

@@ -47,7 +47,7 @@ def record_dir_to_read(asked: str) -> RecordDir:
 
 
 def not_written(directory: str, error: OSError) -> Problem:
-    """The problem of a record the directory refused (record_files.write_record raised `error`)."""
+    """The problem of a record the directory refused (files.write_record raised `error`)."""
     return Problem(
         RECORD_NOT_WRITTEN,
         cause=f"could not write the record to {directory}: {error.strerror or error}",
