@@ -55,10 +55,10 @@ def process_record_path(directory: str, pid: int) -> str:
 def write_record(document: dict[str, Any], directory: str, pid: int) -> None:
     """Writes the process's own record and makes last.json the same file; neither, when the directory
     refuses either (OSError)."""
-    own = process_record_path(directory, pid)
-    write_atomically(own, json.dumps(document).encode())
+    own, data = process_record_path(directory, pid), json.dumps(document).encode()
+    write_atomically(own, data)
     try:
-        _replace_last(own, directory, document)
+        _replace_last(own, directory, data)
     except OSError:
         with contextlib.suppress(OSError):
             os.unlink(own)
@@ -66,7 +66,7 @@ def write_record(document: dict[str, Any], directory: str, pid: int) -> None:
     _prune(directory)
 
 
-def _replace_last(own: str, directory: str, document: dict[str, Any]) -> None:
+def _replace_last(own: str, directory: str, data: bytes) -> None:
     last = os.path.join(directory, "last.json")
     temporary = os.path.join(directory, f".last.json.{os.getpid()}.{next(_temporaries)}")
     try:
@@ -75,7 +75,7 @@ def _replace_last(own: str, directory: str, document: dict[str, Any]) -> None:
     except OSError:  # a file system without hard links, or something in the way
         with contextlib.suppress(OSError):
             os.unlink(temporary)
-        write_atomically(last, json.dumps(document).encode())
+        write_atomically(last, data)
 
 
 def _prune(directory: str) -> None:

@@ -131,16 +131,9 @@ def probe_gpus(root: str = "/") -> GpuFacts:
     if _read(under_root(root, f"{_PROC}/version")) is None:
         return GpuFacts(error=f"no NVIDIA kernel module ({_PROC}/version is missing)")
     driver = read_driver_version(root)
-    gpus_dir = under_root(root, f"{_PROC}/gpus")
-    try:
-        bus_ids = sorted(os.listdir(gpus_dir))
-    except OSError:
-        bus_ids = []
     gpus = []
-    for bus_id in bus_ids:
-        info = parse_information(_read(os.path.join(gpus_dir, bus_id, "information")) or "")
-        minor = info.get("Device Minor", "")
-        if not minor.isdigit() or not os.path.exists(under_root(root, f"/dev/nvidia{minor}")):
+    for bus_id, _, info, device in _node_gpus(root):
+        if not info.get("Device Minor", "").isdigit() or not os.path.exists(device):
             continue  # a GPU of the node that this pod was not given
         name = info.get("Model", "unknown")
         gpus.append(Gpu(len(gpus), name, capability_of(name), bus_id))
@@ -150,14 +143,24 @@ def probe_gpus(root: str = "/") -> GpuFacts:
 def gpu_inputs(root: str = "/") -> list[tuple[str, str]]:
     """What probe_gpus reads, for the verdict cache: the version file, the kernel module's GPU list, each
     GPU's information file and the device node it names."""
+    inputs = [("read", under_root(root, f"{_PROC}/version")), ("list", under_root(root, f"{_PROC}/gpus"))]
+    for _, information, _, device in _node_gpus(root):
+        inputs += [("read", information), ("exists", device)]
+    return inputs
+
+
+def _node_gpus(root: str) -> list[tuple[str, str, dict[str, str], str]]:
+    """(bus id, its information file, that file's fields, the device node its minor names) of each GPU the
+    kernel module lists, in bus order (steps 2 and 3 of this module's docstring)."""
     gpus_dir = under_root(root, f"{_PROC}/gpus")
-    inputs = [("read", under_root(root, f"{_PROC}/version")), ("list", gpus_dir)]
     try:
         bus_ids = sorted(os.listdir(gpus_dir))
     except OSError:
-        return inputs
+        return []
+    gpus = []
     for bus_id in bus_ids:
         information = os.path.join(gpus_dir, bus_id, "information")
-        minor = parse_information(_read(information) or "").get("Device Minor", "")
-        inputs += [("read", information), ("exists", under_root(root, f"/dev/nvidia{minor}"))]
-    return inputs
+        info = parse_information(_read(information) or "")
+        device = under_root(root, f"/dev/nvidia{info.get('Device Minor', '')}")
+        gpus.append((bus_id, information, info, device))
+    return gpus

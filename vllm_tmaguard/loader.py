@@ -238,17 +238,11 @@ def find_real_driver(
     first directory of real_driver_search that has one."""
     layer_real = os.path.realpath(layer.path)
     for directory, _ in real_driver_search(layer.path, environ, root):
-        try:
-            names = os.listdir(directory)
-        except OSError:
-            continue
-        candidates = []
-        for name in names:
-            match = _DRIVER_FILE.match(name)
-            path = os.path.join(directory, name)
-            if (match or name == DRIVER_LIBRARY) and os.path.realpath(path) != layer_real:
-                version = match.group(1) if match else "0"
-                candidates.append((version == driver_version, _version_key(version), path))
+        candidates = [
+            (version == driver_version, _version_key(version), path)
+            for path, version in _driver_files(directory)
+            if os.path.realpath(path) != layer_real
+        ]
         for _, _, path in sorted(candidates, reverse=True):
             try:
                 info = read_elf(path, prefixes=(b"cuTensorMap", MARKER.encode()))
@@ -271,16 +265,26 @@ def real_driver_inputs(
     for directory, step in real_driver_search(layer_path, environ, root):
         inputs.append(("stat", directory))
         searched_library_path |= step == "LD_LIBRARY_PATH"
-        try:
-            names = sorted(os.listdir(directory))
-        except OSError:
-            continue
-        for name in names:
-            if _DRIVER_FILE.match(name) or name == DRIVER_LIBRARY:
-                inputs += [("stat", os.path.join(directory, name)), ("owner", os.path.join(directory, name))]
+        for path, _ in sorted(_driver_files(directory)):
+            inputs += [("stat", path), ("owner", path)]
         if found is not None and os.path.dirname(found) == directory:
             break
     return inputs, searched_library_path
+
+
+def _driver_files(directory: str) -> list[tuple[str, str]]:
+    """(path, version) of each file in `directory` named like a driver: libcuda.so.<version>, and
+    libcuda.so.1 (version "0"); none where the directory cannot be listed."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    files = []
+    for name in names:
+        match = _DRIVER_FILE.match(name)
+        if match or name == DRIVER_LIBRARY:
+            files.append((os.path.join(directory, name), match.group(1) if match else "0"))
+    return files
 
 
 def _version_key(version: str) -> tuple[int, ...]:
