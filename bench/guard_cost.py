@@ -8,9 +8,13 @@ Each sample is a fresh process: it imports those modules, then times `import vll
 first process (an empty record directory: the full run with cold scan and verdict caches) and a later one
 (the record directory the first filled: the verdict cache's replay, docs/design.md §4.1).
 
-usage: python bench/guard_cost.py [--runs N] [--here]
+usage: python bench/guard_cost.py [--runs N] [--here] [--baseline SITE]
   --here: measure this process's environment as it is (on a GPU host, or inside a pod) instead of the
-          emulated pods; prints the table and writes nothing."""
+          emulated pods; prints the table and writes nothing.
+  --baseline SITE: also measure the package installed in SITE (e.g. an earlier commit:
+          `git worktree add /tmp/base <commit> && pip install --no-deps --no-build-isolation --target
+          /tmp/base-site /tmp/base`), each of its processes alternating with this build's, so both rows come
+          from the same minutes of the same machine."""
 
 from __future__ import annotations
 
@@ -74,18 +78,29 @@ def one_process(env: dict[str, str], preload: str) -> dict:
     return json.loads(line.removeprefix("RESULT "))
 
 
-def measure(setting: str, env: dict[str, str], runs: int) -> list[dict]:
-    """The rows of one setting: its pods' first processes, and their later ones."""
-    firsts, laters = [], []
+def measure(setting: str, env: dict[str, str], runs: int, baseline: str | None = None) -> list[dict]:
+    """The rows of one setting: its pods' first processes, and their later ones; with a baseline (another
+    build of the package, first on PYTHONPATH), the same for it, each of its processes alternating with
+    this build's, so both see the same machine."""
+    builds = {"": {}, **({" (baseline)": {"PYTHONPATH": baseline}} if baseline else {})}
+    firsts: dict[str, list[dict]] = {name: [] for name in builds}
+    laters: dict[str, list[dict]] = {name: [] for name in builds}
     with tempfile.TemporaryDirectory() as base:
         preload = json.dumps(stdlib_of_vllm({**env, "TMAGUARD_RECORD_DIR": os.path.join(base, "probe")}))
-        warm = {**env, "TMAGUARD_RECORD_DIR": os.path.join(base, "warm")}
-        one_process(warm, preload)  # the pod whose later processes are measured
+        for name, extra in builds.items():  # the pod whose later processes are measured
+            one_process({**env, **extra, "TMAGUARD_RECORD_DIR": os.path.join(base, f"warm{name}")}, preload)
         for run in range(runs):
-            fresh = {**env, "TMAGUARD_RECORD_DIR": os.path.join(base, f"fresh-{run}")}
-            firsts.append(one_process(fresh, preload))
-            laters.append(one_process(warm, preload))
-    return [_row(f"{setting}: first process", firsts), _row(f"{setting}: later process", laters)]
+            for name, extra in builds.items():
+                fresh = {**env, **extra, "TMAGUARD_RECORD_DIR": os.path.join(base, f"fresh{name}-{run}")}
+                firsts[name].append(one_process(fresh, preload))
+                warm = {**env, **extra, "TMAGUARD_RECORD_DIR": os.path.join(base, f"warm{name}")}
+                laters[name].append(one_process(warm, preload))
+    return [
+        row
+        for name in builds
+        for row in (_row(f"{setting}: first process{name}", firsts[name]),
+                    _row(f"{setting}: later process{name}", laters[name]))
+    ]  # fmt: skip
 
 
 def _row(setting: str, results: list[dict]) -> dict:
@@ -122,9 +137,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--here", action="store_true")
+    parser.add_argument("--baseline", metavar="SITE", help="another build of the package, measured alongside")
     args = parser.parse_args()
     if args.here:
-        print("\n".join(table(measure("this process's environment", dict(os.environ), args.runs))))
+        rows = measure("this process's environment", dict(os.environ), args.runs, args.baseline)
+        print("\n".join(table(rows)))
         return
 
     sys.path.insert(0, str(ROOT / "tests"))
@@ -140,7 +157,11 @@ def main() -> None:
             "emulated vCUDA pod, H100 (overlay loaded)": {**base_env, **pods["vcuda"].env},
             "this machine, no GPU": base_env,
         }
-        rows = [row for setting, env in settings.items() for row in measure(setting, env, args.runs)]
+        rows = [
+            row
+            for setting, env in settings.items()
+            for row in measure(setting, env, args.runs, args.baseline)
+        ]
     lines = [
         "## Guard cost per process: import plus activation",
         "",

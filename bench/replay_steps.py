@@ -2,7 +2,8 @@
 environment: a first process fills TMAGUARD_RECORD_DIR, then fresh processes, each with the standard library
 a vLLM process loads already imported (bench/guard_cost.py), time each step of verdict.replay.
 
-usage: python bench/replay_steps.py [--runs N]   (inside a pod: bench/device/real_layers/pod.sh POD -- ...)"""
+usage: python bench/replay_steps.py [--runs N]   (inside a pod: bench/device/real_layers/pod.sh POD -- ...;
+       an emulated one: `python bench/replay_steps.py --pod vcuda`)"""
 
 from __future__ import annotations
 
@@ -24,30 +25,42 @@ def lap(step):
     times[step] = (now - last) * 1e3
     last = now
 import vllm_tmaguard.guard
-from vllm_tmaguard import process, verdict as v
+from vllm_tmaguard import issue, process, verdict as v
 lap("import")
-directory = v._private_dir_asked(); lap("record directory")
-entries = v._load(directory); lap("cache file")
+directory = v.replay_directory(); lap("record directory")
+entries = v.load_entries(directory); lap("cache file")
 stored = entries[0]["process"]
 process.read_loaded_objects(); lap("loaded objects")
 process.find_package_dir("vllm"); lap("vllm's package")
 v.observe_process(stored["library"], stored["env_names"], stored["env_prefixes"]); lap("process inputs")
 entry = v._matching(entries); lap("file inputs")
-v._replayable_here(entry); lap("secrets, imports")
-verdict = v.Verdict.from_json(entry["verdict"]).for_process("steps"); lap("record")
-v.written(verdict, directory); lap("record file")
+v._replayable_here(entry); lap("trust, secrets, imports")
 v.redo(entry["redo"]); lap("changes")
-v.announce(verdict); lap("log line")
+document = v.for_process(entry["record"], "steps"); lap("record")
+issue.write_record(document, directory); lap("record file")
+issue.announce(document, entry["log_format"]); lap("log line")
 print("RESULT " + json.dumps(times))
 """
+
+
+def _pod_env(kind: str | None, base: str) -> dict[str, str]:
+    if kind is None:
+        return {}
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+    from pathlib import Path
+
+    from podkit import build_pod, scrubbed_environ
+
+    return {**scrubbed_environ(), **build_pod(Path(base) / "pods", kind, cc="9.0").env}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--pod", help="an emulated pod of tests/podkit.py instead of this environment")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as records:
-        env = {**os.environ, "TMAGUARD_RECORD_DIR": records}
+        env = {**os.environ, "TMAGUARD_RECORD_DIR": records, **_pod_env(args.pod, records)}
         preload = json.dumps(stdlib_of_vllm(env))
         subprocess.run([sys.executable, "-c", "from vllm_tmaguard.guard import activate; activate('fill')"],
                        env=env, check=True, capture_output=True)  # fmt: skip

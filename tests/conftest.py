@@ -9,7 +9,16 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pytest
-from podkit import DEFAULT_BUILD_DIR, Pod, Run, build_pod, build_standins, child_environ, guard_lines
+from podkit import (
+    DEFAULT_BUILD_DIR,
+    Pod,
+    Run,
+    as_kubelet_container,
+    build_pod,
+    build_standins,
+    child_environ,
+    guard_lines,
+)
 from releasekit import Release, build_release
 
 UNIT_TESTS = Path(__file__).resolve().parent / "unit"
@@ -74,11 +83,15 @@ def run_python(tmp_path: Path) -> Callable[..., Run]:
         *,
         python: str = sys.executable,
         records: str = "records",
+        termination_log: Path | None = None,
     ) -> Run:
+        """`termination_log`: the process sees this file as the kubelet's /dev/termination-log (a private
+        mount namespace, podkit.as_kubelet_container)."""
         record_dir = tmp_path / records
         child_env = child_environ(pod, record_dir, env)
+        command = [python, "-c", code]
         done = subprocess.run(
-            [python, "-c", code],
+            as_kubelet_container(command, termination_log) if termination_log else command,
             env=child_env,
             capture_output=True,
             text=True,

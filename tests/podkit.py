@@ -87,6 +87,29 @@ def child_environ(
     return env
 
 
+# A private mount namespace whose /dev is a tmpfs holding the usual device nodes (bound from the real /dev)
+# and a /dev/termination-log bound to the file given as $1: what a Kubernetes container sees, without a
+# file in this machine's /dev.
+_KUBELET_DEV = r"""set -e
+termination_log=$1; shift
+saved=$(mktemp -d); mount --rbind /dev "$saved"
+mount -t tmpfs -o mode=755 tmpfs /dev
+for node in null zero full random urandom tty; do
+  if [ -e "$saved/$node" ]; then touch "/dev/$node"; mount --bind "$saved/$node" "/dev/$node"; fi
+done
+ln -s /proc/self/fd /dev/fd; ln -s /proc/self/fd/0 /dev/stdin; ln -s /proc/self/fd/1 /dev/stdout
+ln -s /proc/self/fd/2 /dev/stderr; mkdir /dev/shm; mount --bind "$saved/shm" /dev/shm 2> /dev/null || true
+touch /dev/termination-log; mount --bind "$termination_log" /dev/termination-log
+exec "$@"
+"""
+
+
+def as_kubelet_container(command: list[str], termination_log: Path) -> list[str]:
+    """`command` run where /dev/termination-log is `termination_log` (which must exist: the kubelet makes
+    it; the guard only appends)."""
+    return ["unshare", "-m", "sh", "-c", _KUBELET_DEV, "sh", str(termination_log), *command]
+
+
 # The guard's one log line must stay readable in `kubectl logs` (vllm_tmaguard/record.py render_text).
 GUARD_LINE_LIMIT = 400
 GUARD_LINE_PREFIX = "(tmaguard pid="

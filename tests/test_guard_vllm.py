@@ -215,12 +215,12 @@ def test_strict_mode_spelt_as_a_mode_gets_a_hint(pods, run_python) -> None:
     assert "did you mean TMAGUARD_STRICT=1" in line
 
 
-def test_bad_toggle_in_strict_mode_stops_start_up(pods, run_python) -> None:
+def test_bad_toggle_in_strict_mode_stops_start_up(pods, run_python, tmp_path) -> None:
     pod = pods("vcuda")
-    (pod.root / "dev").mkdir(exist_ok=True)
-    termination_log = pod.root / "dev/termination-log"  # the kubelet's file (terminationMessagePath)
+    termination_log = tmp_path / "termination-log"  # the kubelet's file (terminationMessagePath)
     termination_log.write_text("")
-    run = run_python(pod, RESOLVE_PLATFORM, {"TMAGUARD_LOG_FORMAT": "xml", "TMAGUARD_STRICT": "1"})
+    env = {"TMAGUARD_LOG_FORMAT": "xml", "TMAGUARD_STRICT": "1"}
+    run = run_python(pod, RESOLVE_PLATFORM, env, termination_log=termination_log)
     assert run.returncode == 1 and "RESULT" not in run.stdout
     assert (
         "stopped start-up: TMAGUARD_LOG_FORMAT='xml' is not valid" in run.stderr

@@ -68,7 +68,7 @@ print("RESULT " + json.dumps({"touched": touched, "env": env_reads, "sys_path": 
 """
 
 # Modules whose reads of the environment are not decisions: they act live in a replay too.
-LIVE_READERS = {"vllm_tmaguard.redaction", "vllm_tmaguard.verdict"}
+LIVE_READERS = {"vllm_tmaguard.redaction", "vllm_tmaguard.line"}
 GUARD_FILES = ("vllm-scan-", "verdicts.json", "process-", "last.json", ".")
 
 

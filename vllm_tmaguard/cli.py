@@ -7,6 +7,9 @@ import os
 
 import typer
 
+from .codes import EXIT_FINDINGS, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE
+from .line import printable
+from .redaction import redact
 from .toggles import Toggles, read_toggles
 
 # Plain (click-style) help: typer's rich panels print a value type even for flags ("--help <bool>").
@@ -23,34 +26,42 @@ def _toggles() -> Toggles:
     preflight's `tmaguard env` must install the overlay whatever a routing or logging setting says)."""
     toggles, problems = read_toggles(os.environ)
     for problem in problems:
-        typer.echo(f"warning: {problem.cause}; {problem.consequence}; fix: {problem.fix}", err=True)
+        _echo(f"warning: {problem.cause}; {problem.consequence}; fix: {problem.fix}", err=True)
     return toggles
+
+
+def _echo(text: str, err: bool = False) -> None:
+    """Prints what any stream can print (a path's undecodable bytes escaped), line by line."""
+    typer.echo("\n".join(printable(line) for line in text.split("\n")), err=err)
 
 
 @app.command(short_help="What the guard would find and do here; changes nothing.")
 def check(as_json: bool = typer.Option(False, "--json", help="print the record as JSON")) -> None:
     """What the guard would find and do in a vLLM process started here (changes nothing, loads nothing,
-    calls nothing of the layer's)."""
+    calls nothing of the layer's). Exit status 1 where the guard would log a warning."""
+    from .line import level_of, render
     from .preview import preview
-    from .record import level_of, render_line
 
     toggles = _toggles()
-    record = preview(os.environ, toggles, "cli")
-    typer.echo(json.dumps(record.to_json(), indent=1) if as_json else render_line(record))
-    raise typer.Exit(1 if level_of(record) == "warning" else 0)
+    document = preview(os.environ, toggles, "cli").to_json()
+    _echo(json.dumps(document, indent=1) if as_json else render(document))
+    raise typer.Exit(EXIT_FINDINGS if level_of(document) == "warning" else EXIT_OK)
 
 
 @app.command(short_help="Print the last record the guard wrote in a vLLM process.")
 def record() -> None:
-    """Print the last record the guard wrote in a vLLM process."""
-    toggles = _toggles()
-    path = os.path.join(toggles.record_dir, "last.json")
-    try:
-        with open(path) as file:
-            typer.echo(file.read().rstrip())
-    except OSError as error:
-        typer.echo(f"no record at {path}: {error.strerror}", err=True)
-        raise typer.Exit(1) from None
+    """Print the last record the guard wrote in a vLLM process: read where the guard put it (its record
+    directory, judged as the guard judges it), and only if it is a record (else exit status 1, and why)."""
+    from .doctor.hooks import read_record
+    from .record_shape import SCHEMA
+
+    found = read_record(_toggles().record_dir)
+    if found["error"] or not found["found"] or found["record"].get("schema") != SCHEMA:
+        where = found["path"] or f"{found['asked']} (refused: {found['refused']})"
+        why = found["error"] or ("a record of another schema" if found["found"] else "no record there yet")
+        _echo(f"tmaguard record: {where}: {why}", err=True)
+        raise typer.Exit(EXIT_FINDINGS)
+    _echo(json.dumps(found["record"], indent=1))
 
 
 @app.command(short_help="The overlay installed once per container, for the manifest.")
@@ -69,8 +80,8 @@ def env(
 
     toggles = _toggles()
     facts = probe(os.environ, toggles.root, "cli")
-    lines, code = recipe(facts, dict(os.environ), install_dir or None)
-    typer.echo("\n".join(lines))
+    lines, code = recipe(facts, dict(os.environ), install_dir or None, toggles.root)
+    _echo("\n".join(lines))
     raise typer.Exit(code)
 
 
@@ -87,9 +98,9 @@ def inject(
     try:
         written = place(target)
     except (InjectError, OSError) as error:
-        typer.echo(f"tmaguard inject: {target}: {error}", err=True)
-        raise typer.Exit(1) from error
-    typer.echo(f"placed {len(written)} files in {target}; in the vLLM container set PYTHONPATH={target}")
+        _echo(f"tmaguard inject: {target}: refused: {error}", err=True)
+        raise typer.Exit(EXIT_FINDINGS) from error
+    _echo(f"placed {len(written)} files in {target}; in the vLLM container set PYTHONPATH={target}")
 
 
 @app.command(
@@ -104,8 +115,24 @@ def doctor(ctx: typer.Context) -> None:
     raise typer.Exit(doctor_main(list(ctx.args)))
 
 
+def _usage_error(error: Exception) -> bool:
+    return any(cls.__name__ in ("ClickException", "Abort") for cls in type(error).__mro__) and hasattr(
+        error, "show"
+    )
+
+
 def main() -> None:
-    app()
+    """The command; exit statuses as codes.EXIT_* (usage errors: click's 2). A failure of ours is said in
+    one line with its own status, never a traceback or a status a finding has."""
+    try:
+        status = app(standalone_mode=False)  # click returns an Exit's status here
+    except Exception as error:
+        if _usage_error(error):  # click's (typer vendors its own copy, hence no isinstance)
+            error.show()  # type: ignore[attr-defined]
+            raise SystemExit(EXIT_USAGE) from None
+        _echo(redact(f"tmaguard: internal error: {type(error).__name__}: {error}"), err=True)
+        raise SystemExit(EXIT_INTERNAL) from None
+    raise SystemExit(status if isinstance(status, int) else EXIT_OK)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Stable identifiers the stages, the record, the doctor and tests match on (docs/design.md §4): problem
-codes and action kinds. Plain strings in a module of their own: the verdict cache replays actions by kind
-in every vLLM process without importing the value types (outcomes.py)."""
+codes, outcome values, action kinds, exit statuses. Plain strings in a module of their own: every vLLM
+process issues and logs its record without importing the value types (outcomes.py)."""
 
 # Problem codes.
 DRIVER_MISSING = "driver-missing"  # no libcuda.so.1 at all
@@ -19,8 +19,22 @@ TOGGLE_UNKNOWN = "toggle-unknown"  # a TMAGUARD_* variable that is not a toggle 
 ROUTING_OVERRIDE = "routing-override"  # a user setting the guard had to override
 ROUTING_IMPOSSIBLE = "routing-impossible"  # the user insists on what cannot be had (stops start-up)
 
+# Outcome values: what an operator filters on (and fleet metrics count).
+NO_GPU = "no-gpu"  # no GPU and no libcuda.so.1: nothing to do
+COMPLETE = "nothing-missing"  # libcuda.so.1 has everything vLLM and its libraries need
+SUPPLIED = "supplied"  # what it lacks was supplied
+WOULD_SUPPLY = "would-supply"  # validate mode: what auto would supply
+DEGRADED = "degraded"  # something stays broken (see problems)
+NO_VLLM = "no-vllm"
+
 # Action kinds.
 LOAD_OVERLAY = "load-overlay"
 LOAD_SHIM = "load-shim"
 SET_ENV = "set-env"
 BLOCK_IMPORT = "block-import"
+
+# Exit statuses of every `tmaguard` command (docs/doctor.md, "Exit status"; the preflight acts on each).
+EXIT_OK = 0  # healthy; done; nothing needed
+EXIT_FINDINGS = 1  # the doctor found problems; `check` would warn; `record` has no valid record; refused
+EXIT_USAGE = 2  # a usage error (argparse's and click's own status)
+EXIT_INTERNAL = 3  # the command itself failed: a bug of ours, never a diagnosis

@@ -11,11 +11,11 @@ Two ways to ask, and they matter for what can fill a gap (docs/design.md §2.1, 
 
 import errno
 import glob
-import mmap
 import os
 import re
 from typing import NamedTuple
 
+from . import files
 from .catalogue import DRIVER_LIBRARY, LAUNCH_EX, PROC_ADDRESS_V2
 from .elf import ElfError, read_elf
 from .process import find_package_dir, find_package_dirs
@@ -93,7 +93,7 @@ def torch_consumers(path: list[str]) -> list[Consumer]:
 
 
 def _contains(path: str, needle: bytes) -> bool:
-    with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as image:
+    with files.mapped(path) as (image, _):
         return image.find(needle) >= 0
 
 
@@ -145,11 +145,11 @@ def triton_consumer(path: list[str]) -> Consumer | None:
     if triton_dir is None:
         return None
     source = os.path.join(triton_dir, "backends", "nvidia", "driver.c")
-    try:
-        with open(source, encoding="utf-8", errors="replace") as file:
-            names = tuple(dict.fromkeys(_TRITON_HANDLE_LOOKUP.findall(file.read())))
+    text = files.read_text(source)
+    if text is not None:
+        names = tuple(dict.fromkeys(_TRITON_HANDLE_LOOKUP.findall(text)))
         evidence = 'dlsym on dlopen("libcuda.so.1") in triton/backends/nvidia/driver.c'
-    except OSError:
+    else:
         names, evidence = (LAUNCH_EX,), "assumed: Triton 3 launches every kernel through cuLaunchKernelEx"
     return Consumer("triton", "triton", source, "handle", "every Triton kernel launch", names, evidence)
 

@@ -9,6 +9,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import NamedTuple
 
+from . import files
+
 EM_X86_64 = 62
 EM_AARCH64 = 183
 _SHT_DYNAMIC = 6
@@ -76,12 +78,10 @@ def mapped(path: str) -> Iterator[tuple[mmap.mmap, int]]:
     """`path` mapped read-only, with its size. ElfError for a file that cannot be opened (with its errno) or
     is too short for an ELF header."""
     try:
-        with open(path, "rb") as file:
-            size = os.fstat(file.fileno()).st_size
+        with files.mapped(path) as (image, size):
             if size < 64:
                 raise ElfError(path, f"too short for an ELF header ({size} bytes)")
-            with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as image:
-                yield image, size
+            yield image, size
     except OSError as error:
         raise ElfError(path, error.strerror or str(error), error.errno) from error
 

@@ -4,26 +4,38 @@ put its directory first on LD_LIBRARY_PATH, so every process's dlopen("libcuda.s
 
 from __future__ import annotations
 
-import os
-
+from . import files, trust
 from .catalogue import OVERLAY_TRIGGERS
 from .facts import Facts
-from .files import write_atomically
 from .overlay import overlay_image
 
 DEFAULT_INSTALL_DIR = "/opt/tmaguard"
 
 
 def install(image: bytes, directory: str) -> str:
-    """Writes <directory>/libcuda.so.1 atomically (world-readable: every user of the container needs it)."""
-    os.makedirs(directory, mode=0o755, exist_ok=True)
-    path = os.path.join(directory, "libcuda.so.1")
-    write_atomically(path, image, 0o555)
-    return path
+    """Writes <directory>/libcuda.so.1 atomically, world-readable (every user of the container needs it), into
+    a directory only root or this user can change (made 0755 first where it is this user's and wider:
+    kubelet makes emptyDir volumes 0777). Raises OSError (trust.UntrustedPath, files.Refused) otherwise."""
+    trust.make_install_dir(directory)
+    return files.install_file(directory, "libcuda.so.1", image, 0o555)
 
 
-def recipe(facts: Facts, environ: dict[str, str], install_dir: str | None) -> tuple[list[str], int]:
-    """The lines to print and the exit code (0: nothing needed or done; 1: cannot help here)."""
+def _refusal(facts: Facts, root: str) -> str | None:
+    """Why no overlay may be written for this layer file: one found through TMAGUARD_ROOT (not what this
+    process's loader finds), or one someone besides root and this user can change (the overlay would make
+    every vLLM process load it)."""
+    driver = facts.driver
+    refused = trust.probe_root_problem(root, driver.resolution.how, driver.path)
+    if refused is None and driver.path is not None:
+        problem = trust.path_problem(driver.path)
+        refused = f"{driver.path}: {problem}" if problem else None
+    return refused
+
+
+def recipe(
+    facts: Facts, environ: dict[str, str], install_dir: str | None, root: str = "/"
+) -> tuple[list[str], int]:
+    """The lines to print and the exit code (0: nothing needed or done; 1: cannot help here, or refused)."""
     driver = facts.driver
     if driver.overlay_of:
         return [
@@ -38,6 +50,9 @@ def recipe(facts: Facts, environ: dict[str, str], install_dir: str | None) -> tu
     lacking = [name for name in OVERLAY_TRIGGERS if name not in driver.info.defined]
     if not lacking:
         return [f"# {driver.path} exports every entry point the overlay would add: nothing to do"], 0
+    refused = _refusal(facts, root)
+    if refused is not None:
+        return [f"# refused: {refused}; nothing installed"], 1
     layer = facts.layers[0].label if facts.layers else "libcuda.so.1"
     directory = install_dir or DEFAULT_INSTALL_DIR
     others = [p for p in environ.get("LD_LIBRARY_PATH", "").split(":") if p and p != directory]
@@ -48,7 +63,11 @@ def recipe(facts: Facts, environ: dict[str, str], install_dir: str | None) -> tu
         "# metering every call it knows. Every process must find it first on its library path.",
     ]
     if install_dir:
-        lines.append(f"# installed {install(overlay_image(driver.path), install_dir)}")
+        try:
+            lines.append(f"# installed {install(overlay_image(driver.path), install_dir)}")
+        except OSError as error:
+            fix = "make it a directory only root or this user can write to (chmod 0755), or choose another"
+            return [*lines, f"# refused: {install_dir}: {error.strerror or error}; {fix}"], 1
     else:
         lines += [
             "# 1. in the vLLM container itself, before vLLM starts (its command: an init container does not",

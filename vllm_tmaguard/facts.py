@@ -23,6 +23,13 @@ class DriverFacts(NamedTuple):
         None  # libcuda.so.1 is this package's overlay (tmaguard env) in front of this file
     )
     module_version: str | None = None  # the NVIDIA kernel module's version (/proc/driver/nvidia/version)
+    searched_to: str | None = None  # the real driver's search: the last step it looked in (None: no search)
+
+    @property
+    def read_library_path(self) -> bool:
+        """The real driver's search went through LD_LIBRARY_PATH's directories (loader.real_driver_search):
+        then the variable's value is a verdict input, not only its effect on the loader's own search."""
+        return self.searched_to not in (None, "beside the layer")
 
     @property
     def path(self) -> str | None:
@@ -59,8 +66,10 @@ def probe_driver(environ: Mapping[str, str], root: str) -> DriverFacts:
             info = read_elf(overlay_of, prefixes=(b"cu", b"g_vcuda"))
     except ElfError as error:
         return DriverFacts(resolution, None, error=error.why, module_version=module_version)
-    real = None if ENCODERS[0] in info.defined else find_real_driver(info, module_version, environ, root)
-    return DriverFacts(resolution, info, None, real, overlay_of, module_version)
+    real, searched = None, None
+    if ENCODERS[0] not in info.defined:
+        real, searched = find_real_driver(info, module_version, environ, root)
+    return DriverFacts(resolution, info, None, real, overlay_of, module_version, searched)
 
 
 def _overlaid_layer(info: ElfInfo) -> str | None:

@@ -1,46 +1,413 @@
-"""The files the guard keeps in its private directory, and how it writes them: atomically (a temporary file
-in the same directory renamed over the target, so a reader sees the old file or the whole new one, and a
-failed write leaves nothing); each process's record, process-<pid>.json, and last.json (what `tmaguard
-doctor` reads first), the newest PROCESS_RECORDS_KEPT process records kept. Standard library only: every
-vLLM process writes its record."""
+"""The one door to every file the package touches (docs/design.md §4.2). Nothing else in the package opens,
+lists, creates or renames a file; what it checks, it checks here, once:
+
+  - never blocks: every open has O_NONBLOCK and is followed by a type check (a FIFO or a device is refused);
+  - never reads without a bound: every read has a size cap (Refused past it);
+  - the private directory (the guard's records and caches): opened without following a link, its owner
+    (this user) and mode (0700) checked on the open descriptor, every file in it reached from that
+    descriptor without following a link, owned by this user and closed to others;
+  - writes are atomic: a temporary file named with the pid and randomness (two processes of one pid in two
+    PID namespaces share a directory), created exclusively, renamed over the target; temporary files a
+    killed process left behind are removed by later writers;
+  - what the probes read is noted, with the observation taken as they read it (the verdict cache's inputs
+    are what was read, not worked out a second time: verdict.py).
+
+Standard library only: every vLLM process comes through here. Long because it is the one place every check
+on a file lives, for reading and for writing (one module fewer for every vLLM process to import, too)."""
 
 from __future__ import annotations
 
 import contextlib
-import itertools
+import errno
 import json
 import os
+import stat as stat_module
+import time
+from collections.abc import Iterator
 from typing import Any
 
-PROCESS_RECORDS_KEPT = 64  # per-process records kept in the record directory, newest first
-_temporaries = itertools.count()
+PRIVATE_JSON_LIMIT = 8 << 20  # a record is ~10 KB, the verdict cache ~100 KB
+SYSTEM_FILE_LIMIT = 64 << 20  # ld.so.cache, vLLM's RECORD, /proc files, sources
+_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
 
 
-def write_atomically(path: str, data: bytes, mode: int | None = None) -> None:
-    """Writes `data` to `path` (optionally chmod `mode` before the rename). Raises OSError."""
-    directory, name = os.path.split(path)
-    temporary = os.path.join(directory, f".{name}.{os.getpid()}.{next(_temporaries)}")
-    fd = _create(temporary)
+class Refused(OSError):
+    """A file or directory the door will not use, with why in words an operator acts on."""
+
+    def __init__(self, path: str, why: str) -> None:
+        super().__init__(errno.EPERM, why, path)
+        self.path, self.why = path, why
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.why}"
+
+
+def kind_of(mode: int) -> str:
+    """A file type in words ("a FIFO", "a directory"...)."""
+    for test, name in (
+        (stat_module.S_ISDIR, "a directory"), (stat_module.S_ISFIFO, "a FIFO"),
+        (stat_module.S_ISLNK, "a symbolic link"), (stat_module.S_ISSOCK, "a socket"),
+        (stat_module.S_ISCHR, "a character device"), (stat_module.S_ISBLK, "a block device"),
+    ):  # fmt: skip
+        if test(mode):
+            return name
+    return "a regular file" if stat_module.S_ISREG(mode) else "not a regular file"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Observations: what a file input looks like now, as the verdict cache compares it
+
+
+def observation(kind: str, info: os.stat_result) -> list[Any]:
+    """A stat as JSON. ("stat") identity, size, modification and change times, owner: the change time moves
+    with every content or metadata change and cannot be set back (`touch -r` sets the modification time
+    only); ("owner") what a trust check reads of a component: type, mode, identity, owner."""
+    if kind == "owner":
+        return [info.st_mode, info.st_ino, info.st_dev, info.st_uid, info.st_gid]
+    return [
+        info.st_mode, info.st_ino, info.st_dev, info.st_size, info.st_mtime_ns, info.st_ctime_ns,
+        info.st_uid, info.st_gid,
+    ]  # fmt: skip
+
+
+def observe(kind: str, path: str) -> Any:
+    """One file input as it is now: ("stat") links followed, ("owner") not; ("exists") whether it does;
+    ("list") a directory's sorted entries; ("read") a /proc file's content; or the error number."""
     try:
-        with os.fdopen(fd, "wb") as file:
-            file.write(data)
-        if mode is not None:
-            os.chmod(temporary, mode)
-        os.replace(temporary, path)
+        if kind == "exists":
+            return [os.path.exists(path)]
+        if kind == "list":
+            return sorted(os.listdir(path))
+        if kind == "read":
+            return read_bytes(path, SYSTEM_FILE_LIMIT, noted=False).decode("utf-8", "replace")
+        return observation(kind, os.lstat(path) if kind == "owner" else os.stat(path))
+    except OSError as error:
+        return ["error", error.errno]
+
+
+class Notes:
+    """The file inputs read while noting (kind, path) -> observation, in the order first read. A path whose
+    observation changes between two reads of one run makes the notes unsteady: a verdict decided from a file
+    that changed under it is not kept."""
+
+    def __init__(self) -> None:
+        self.seen: dict[tuple[str, str], Any] = {}
+        self.steady = True
+
+    def add(self, kind: str, path: str, seen: Any) -> None:
+        key = (kind, path)
+        if key not in self.seen:
+            self.seen[key] = seen
+        elif self.seen[key] != seen:
+            self.steady = False
+
+    def renew(self, path: str) -> None:
+        """The door itself changed `path` (the overlay's file): what a later process finds is the new file."""
+        for kind, noted in list(self.seen):
+            if noted == path:
+                self.seen[(kind, noted)] = observe(kind, noted)
+
+    def inputs(self) -> list[list[Any]]:
+        return [[kind, path, seen] for (kind, path), seen in self.seen.items()]
+
+
+_notes: Notes | None = None
+
+
+@contextlib.contextmanager
+def noting() -> Iterator[Notes]:
+    """Notes every probe read until the block ends."""
+    global _notes
+    outer, _notes = _notes, Notes()
+    try:
+        yield _notes
+    finally:
+        _notes = outer
+
+
+@contextlib.contextmanager
+def not_noting() -> Iterator[None]:
+    """Reads whose result another input stands for (the vLLM scan, valid while its signature files are)."""
+    global _notes
+    outer, _notes = _notes, None
+    try:
+        yield
+    finally:
+        _notes = outer
+
+
+def renew(path: str) -> None:
+    """A write of the door's changed `path`: what a later process finds is the new file."""
+    if _notes is not None:
+        _notes.renew(path)
+
+
+def _note(kind: str, path: str, seen: Any) -> None:
+    if _notes is not None:
+        _notes.add(kind, path, seen)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# What the probes read: system files, links followed as the loader follows them
+
+
+def stat(path: str) -> os.stat_result | None:
+    """os.stat, noted; None where it fails."""
+    try:
+        info = os.stat(path)
+    except OSError as error:
+        _note("stat", path, ["error", error.errno])
+        return None
+    _note("stat", path, observation("stat", info))
+    return info
+
+
+def seen(path: str) -> list[Any]:
+    """The "stat" observation of `path` (or its error), noted."""
+    try:
+        found = observation("stat", os.stat(path))
+    except OSError as error:
+        found = ["error", error.errno]
+    _note("stat", path, found)
+    return found
+
+
+def lstat(path: str) -> os.stat_result:
+    """os.lstat, noted (a trust check's component). Raises OSError."""
+    try:
+        info = os.lstat(path)
+    except OSError as error:
+        _note("owner", path, ["error", error.errno])
+        raise
+    _note("owner", path, observation("owner", info))
+    return info
+
+
+def exists(path: str) -> bool:
+    """Whether `path` exists (links followed), noted as such alone."""
+    there = os.path.exists(path)
+    _note("exists", path, [there])
+    return there
+
+
+def listdir(path: str) -> list[str]:
+    """The directory's entries, sorted, noted. Raises OSError."""
+    try:
+        names = sorted(os.listdir(path))
+    except OSError as error:
+        _note("list", path, ["error", error.errno])
+        raise
+    _note("list", path, names)
+    return names
+
+
+def realpath(path: str) -> str:
+    """os.path.realpath, with every component it walks noted (as written and as resolved)."""
+    real = os.path.realpath(path)
+    if _notes is None:
+        return real
+    for start in (os.path.abspath(path), real):
+        for component in components(start):
+            with contextlib.suppress(OSError):
+                lstat(component)
+    return real
+
+
+def components(path: str) -> list[str]:
+    """'/a/b/c' -> ['/', '/a', '/a/b', '/a/b/c']."""
+    parts, current = ["/"], "/"
+    for name in path.strip("/").split("/"):
+        if name:
+            current = os.path.join(current, name)
+            parts.append(current)
+    return parts
+
+
+def _open_regular(path: str, limit: int | None, *, dir_fd: int | None = None, follow: bool = True) -> int:
+    """A descriptor of a regular file (a /proc file counts) opened without blocking, or OSError (Refused for
+    another type, or a file larger than `limit`)."""
+    fd = os.open(path, _FLAGS | (0 if follow else os.O_NOFOLLOW), dir_fd=dir_fd)
+    try:
+        info = os.fstat(fd)
+        if not stat_module.S_ISREG(info.st_mode):
+            raise Refused(path, f"is {kind_of(info.st_mode)}, not a regular file")
+        if limit is not None and info.st_size > limit:
+            raise Refused(path, f"is {info.st_size} bytes, more than the {limit} this file may have")
+        return fd
     except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
+        os.close(fd)
         raise
 
 
-def _create(temporary: str) -> int:
-    """A new file, never through a link; one left behind by a dead process of the same pid is replaced."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+def _read_all(fd: int, path: str, limit: int) -> bytes:
+    chunks, size = [], 0
+    while chunk := os.read(fd, min(1 << 20, limit + 1 - size)):
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            raise Refused(path, f"holds more than the {limit} bytes this file may have")
+    return b"".join(chunks)
+
+
+def _proc(path: str) -> bool:
+    return path.startswith("/proc/") or "/proc/driver/" in path
+
+
+def read_bytes(path: str, limit: int = SYSTEM_FILE_LIMIT, *, noted: bool = True) -> bytes:
+    """A system file's content (links followed). Noted by its content for a /proc file (its stat says
+    nothing), else by the stat of the very file read. Raises OSError (Refused: not a regular file, too
+    large)."""
     try:
-        return os.open(temporary, flags, 0o600)
-    except FileExistsError:
-        os.unlink(temporary)
-        return os.open(temporary, flags, 0o600)
+        fd = _open_regular(path, limit)
+    except OSError as error:
+        if noted:
+            _note("read" if _proc(path) else "stat", path, ["error", error.errno])
+        raise
+    try:
+        info = os.fstat(fd)
+        data = _read_all(fd, path, limit)
+    finally:
+        os.close(fd)
+    if noted:
+        kind = "read" if _proc(path) else "stat"
+        _note(kind, path, data.decode("utf-8", "replace") if kind == "read" else observation("stat", info))
+    return data
+
+
+def read_head(path: str, size: int) -> bytes:
+    """The first `size` bytes of a regular file (links followed), noted by its stat. Raises OSError."""
+    try:
+        fd = _open_regular(path, None)
+    except OSError as error:
+        _note("stat", path, ["error", error.errno])
+        raise
+    try:
+        _note("stat", path, observation("stat", os.fstat(fd)))
+        return os.read(fd, size)
+    finally:
+        os.close(fd)
+
+
+def read_text(path: str, limit: int = SYSTEM_FILE_LIMIT) -> str | None:
+    """read_bytes decoded (undecodable bytes replaced); None where it cannot be read."""
+    try:
+        return read_bytes(path, limit).decode("utf-8", "replace")
+    except OSError:
+        return None
+
+
+@contextlib.contextmanager
+def mapped(path: str) -> Iterator[tuple[Any, int]]:
+    """A regular file mapped read-only, with its size, noted by its stat; an empty file maps as b"". Raises
+    OSError."""
+    import mmap
+
+    try:
+        fd = _open_regular(path, None)
+    except OSError as error:
+        _note("stat", path, ["error", error.errno])
+        raise
+    try:
+        info = os.fstat(fd)
+        _note("stat", path, observation("stat", info))
+        if info.st_size == 0:
+            yield b"", 0
+            return
+        with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as image:
+            yield image, info.st_size
+    finally:
+        os.close(fd)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Directories the package writes to: its private directory, and where the operator installs it
+
+
+def private_problem(info: os.stat_result) -> str | None:
+    """Why a directory's own stat is not this user's alone (None: it is)."""
+    euid, mode = os.geteuid(), stat_module.S_IMODE(info.st_mode)
+    if not stat_module.S_ISDIR(info.st_mode):
+        return f"is {kind_of(info.st_mode)}, not a directory"
+    if info.st_uid != euid:
+        return f"belongs to uid {info.st_uid}, not to this user (uid {euid})"
+    if mode & 0o077:
+        who = "everyone" if mode & 0o007 else "its group"
+        return f"has mode {mode:04o}: {who} can enter it; it must be 0700 (this user's alone)"
+    return None
+
+
+def installed_problem(info: os.stat_result) -> str | None:
+    """Why a directory that code is loaded from is not safe to write into (None: it is): a directory only
+    root or this user can change."""
+    euid, mode = os.geteuid(), stat_module.S_IMODE(info.st_mode)
+    if not stat_module.S_ISDIR(info.st_mode):
+        return f"is {kind_of(info.st_mode)}, not a directory"
+    if info.st_uid not in (0, euid):
+        return f"belongs to uid {info.st_uid}, neither root nor this user (uid {euid})"
+    if mode & 0o022:
+        return f"has mode {mode:04o}: others can replace what is written there; it must be 0755 or tighter"
+    return None
+
+
+@contextlib.contextmanager
+def directory(path: str, private: bool = True, *, at: int | None = None) -> Iterator[int]:
+    """A descriptor of directory `path`, opened without following a link (relative to descriptor `at` when
+    given), whose own stat is private (this user's alone) or, with private=False, installable (only root or
+    this user can change it). Raises OSError (Refused when it is not)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=at)
+    except OSError as error:
+        if error.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise Refused(path, "is a symbolic link or not a directory") from None
+        raise
+    try:
+        info = os.fstat(fd)
+        problem = private_problem(info) if private else installed_problem(info)
+        if problem:
+            raise Refused(path, problem)
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def read_private(directory_path: str, name: str, limit: int = PRIVATE_JSON_LIMIT) -> bytes:
+    """A file of the private directory: not a link, a regular file, this user's, closed to others, at most
+    `limit` bytes. Raises OSError (Refused when any of that is not so)."""
+    with directory(directory_path) as dir_fd:
+        path = os.path.join(directory_path, name)
+        try:
+            fd = _open_regular(name, limit, dir_fd=dir_fd, follow=False)
+        except OSError as error:
+            if error.errno == errno.ELOOP:
+                raise Refused(path, "is a symbolic link") from None
+            raise
+        try:
+            info = os.fstat(fd)
+            if info.st_uid != os.geteuid() or info.st_mode & 0o077:
+                raise Refused(
+                    path, f"belongs to uid {info.st_uid} with mode {stat_module.S_IMODE(info.st_mode):04o}: "
+                    f"not this user's alone (uid {os.geteuid()}, 0600)",
+                )  # fmt: skip
+            return _read_all(fd, path, limit)
+        finally:
+            os.close(fd)
+
+
+class NotJson(ValueError):
+    pass
+
+
+def parse_json(data: bytes, path: str) -> Any:
+    """JSON, or NotJson naming the file (too deep a nesting included)."""
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError) as error:
+        raise NotJson(f"{path}: not JSON ({type(error).__name__}: {str(error)[:120]})") from None
+
+
+def read_private_json(directory_path: str, name: str, limit: int = PRIVATE_JSON_LIMIT) -> Any:
+    """read_private, parsed. Raises OSError or NotJson."""
+    return parse_json(read_private(directory_path, name, limit), os.path.join(directory_path, name))
 
 
 def default_record_dir() -> str:
@@ -48,43 +415,191 @@ def default_record_dir() -> str:
     return f"/tmp/tmaguard-{os.getuid()}"
 
 
-def process_record_path(directory: str, pid: int) -> str:
-    return os.path.join(directory, f"process-{pid}.json")
+# ---------------------------------------------------------------------------------------------------------
+# Writes: the private directory, and where the operator installs the package or the overlay
+
+TEMPORARY_SUFFIX = ".tmp"
+STALE_TEMPORARY_S = 60  # a temporary file older than this belongs to a process that died writing it
+_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
-def write_record(document: dict[str, Any], directory: str, pid: int) -> None:
-    """Writes the process's own record and makes last.json the same file; neither, when the directory
-    refuses either (OSError)."""
-    own, data = process_record_path(directory, pid), json.dumps(document).encode()
-    write_atomically(own, data)
+def append_line(path: str, line: str) -> None:
+    """Appends one line to an existing regular file (the kubelet's termination-message file), never through
+    a link, never creating it, never blocking. Raises OSError."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
-        _replace_last(own, directory, data)
-    except OSError:
+        info = os.fstat(fd)
+        if not stat_module.S_ISREG(info.st_mode):
+            raise Refused(path, f"is {kind_of(info.st_mode)}, not a regular file")
+        os.write(fd, line.encode("utf-8", "backslashreplace") + b"\n")
+    finally:
+        os.close(fd)
+
+
+def make_private_dirs(path: str) -> None:
+    """mkdir -p with mode 0700 for every directory it creates (os.makedirs gives parents 0777 & ~umask).
+    Follows nothing it did not create: the checks come after (directory())."""
+    missing = []
+    current = path
+    while not os.path.lexists(current):
+        missing.append(current)
+        parent = os.path.dirname(current)
+        if parent == current:
+            break
+        current = parent
+    for created in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # created concurrently: checked like any other
+            os.mkdir(created, 0o700)
+
+
+def temporary_name(name: str) -> str:
+    """Unique across processes, PID namespaces too: the pid and 64 random bits."""
+    return f".{name}.{os.getpid()}-{os.urandom(8).hex()}{TEMPORARY_SUFFIX}"
+
+
+def _write_in(dir_fd: int, name: str, data: bytes, mode: int, path: str) -> None:
+    """`name` written atomically in the directory `dir_fd` (whose path is `path`)."""
+    temporary = temporary_name(name)
+    fd = os.open(temporary, _NEW, 0o600, dir_fd=dir_fd)
+    try:
+        try:
+            view, done = memoryview(data), 0
+            while done < len(data):
+                done += os.write(fd, view[done:])
+            os.fchmod(fd, mode)
+        finally:
+            os.close(fd)
+        os.replace(temporary, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
         with contextlib.suppress(OSError):
-            os.unlink(own)
+            os.unlink(temporary, dir_fd=dir_fd)
         raise
-    _prune(directory)
+    renew(os.path.join(path, name))
 
 
-def _replace_last(own: str, directory: str, data: bytes) -> None:
-    last = os.path.join(directory, "last.json")
-    temporary = os.path.join(directory, f".last.json.{os.getpid()}.{next(_temporaries)}")
-    try:
-        os.link(own, temporary)
-        os.replace(temporary, last)
-    except OSError:  # a file system without hard links, or something in the way
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        write_atomically(last, data)
+class PrivateDirectory:
+    """The guard's private directory, opened and checked once (files.directory), written through its
+    descriptor."""
 
+    def __init__(self, fd: int, path: str) -> None:
+        self.fd, self.path = fd, path
 
-def _prune(directory: str) -> None:
-    with contextlib.suppress(OSError):
-        names = [n for n in os.listdir(directory) if n.startswith("process-") and n.endswith(".json")]
-        if len(names) <= PROCESS_RECORDS_KEPT:
-            return
-        entries = [e for e in os.scandir(directory) if e.name in names]
-        entries.sort(key=lambda e: e.stat(follow_symlinks=False).st_mtime, reverse=True)
-        for entry in entries[PROCESS_RECORDS_KEPT:]:
+    def write(self, name: str, data: bytes, mode: int = 0o600) -> str:
+        """Writes `name` atomically; its path."""
+        _write_in(self.fd, name, data, mode, self.path)
+        return os.path.join(self.path, name)
+
+    def link(self, source: str, name: str) -> None:
+        """Makes `name` the same file as `source` (a hard link renamed over it: readers see the old or the
+        new); where the file system has no hard links, a copy."""
+        temporary = temporary_name(name)
+        try:
+            os.link(source, temporary, src_dir_fd=self.fd, dst_dir_fd=self.fd, follow_symlinks=False)
+            os.replace(temporary, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+        except OSError:
             with contextlib.suppress(OSError):
-                os.unlink(entry.path)
+                os.unlink(temporary, dir_fd=self.fd)
+            self.write(name, read_private(self.path, source))
+
+    def prune(self, prefix: str, suffix: str, keep: int) -> None:
+        """Keeps the newest `keep` files named prefix*suffix and removes temporary files older than
+        STALE_TEMPORARY_S (a process killed between create and rename). Never raises."""
+        horizon = time.time() - STALE_TEMPORARY_S
+        with contextlib.suppress(OSError):
+            names = os.listdir(self.fd)
+            kept = [n for n in names if n.startswith(prefix) and n.endswith(suffix)]
+            stale = [n for n in names if n.startswith(".") and n.endswith(TEMPORARY_SUFFIX)]
+            if len(kept) <= keep and not stale:
+                return
+            ages = {name: self._age(name) for name in kept + stale}
+            removed = [n for n in stale if ages[n] < horizon]
+            if len(kept) > keep:
+                removed += sorted(kept, key=ages.__getitem__, reverse=True)[keep:]
+            for name in removed:
+                with contextlib.suppress(OSError):
+                    os.unlink(name, dir_fd=self.fd)
+
+    def _age(self, name: str) -> float:
+        try:
+            return os.stat(name, dir_fd=self.fd, follow_symlinks=False).st_mtime
+        except OSError:
+            return float("inf")  # gone already: nothing to remove
+
+    def subdirectory(self, name: str) -> str:
+        """`name`, created 0700 if absent, checked private itself; its path."""
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(name, 0o700, dir_fd=self.fd)
+        with directory(name, at=self.fd):
+            pass
+        return os.path.join(self.path, name)
+
+
+@contextlib.contextmanager
+def private(directory_path: str) -> Iterator[PrivateDirectory]:
+    """The private directory `directory_path`, opened without following a link and checked this user's
+    alone. Raises OSError (files.Refused)."""
+    with directory(directory_path) as fd:
+        yield PrivateDirectory(fd, directory_path)
+
+
+def write_private(directory_path: str, name: str, data: bytes, mode: int = 0o600) -> str:
+    """Writes `name` in the private directory atomically; its path. Raises OSError (files.Refused)."""
+    with private(directory_path) as opened:
+        return opened.write(name, data, mode)
+
+
+def install_file(directory_path: str, relative: str, data: bytes, mode: int) -> str:
+    """Writes `relative` (a/b/file) under an installation directory (`tmaguard env`, `tmaguard inject`):
+    every directory on the way opened without following a link and checked installable (created 0755 where
+    absent), the file written atomically, so a link planted in its place is replaced, never followed. Returns
+    its path. Raises OSError (Refused)."""
+    parts = [part for part in relative.split("/") if part not in ("", ".")]
+    if not parts or ".." in parts:
+        raise Refused(os.path.join(directory_path, relative), "is not a path inside the directory")
+    with contextlib.ExitStack() as stack:
+        dir_fd = stack.enter_context(directory(directory_path, private=False))
+        walked = directory_path
+        for part in parts[:-1]:
+            walked = os.path.join(walked, part)
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(part, 0o755, dir_fd=dir_fd)
+            try:
+                dir_fd = stack.enter_context(directory(part, private=False, at=dir_fd))
+            except Refused as refused:
+                raise Refused(walked, refused.why) from None
+        _write_in(dir_fd, parts[-1], data, mode, walked)
+    return os.path.join(directory_path, *parts)
+
+
+def make_install_dirs(path: str) -> None:
+    """mkdir -p with mode 0755 (an installation directory: tighten and the trust check come after)."""
+    os.makedirs(path, mode=0o755, exist_ok=True)
+
+
+@contextlib.contextmanager
+def scratch_directory(prefix: str) -> Iterator[str]:
+    """A new private directory (tempfile.mkdtemp: 0700, a random name), removed with what is in it after."""
+    import shutil
+    import tempfile
+
+    path = tempfile.mkdtemp(prefix=prefix)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def tighten(directory_path: str) -> str | None:
+    """Makes an installation directory this user owns 0755 when group or others could write to it (kubelet
+    makes emptyDir volumes 0777); what was done, in words, or None. Raises OSError."""
+    fd = os.open(directory_path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        mode = stat_module.S_IMODE(info.st_mode)
+        if info.st_uid != os.geteuid() or not mode & 0o022:
+            return None
+        os.fchmod(fd, mode & ~0o022)
+        tightened = mode & ~0o022
+        return f"{directory_path} was mode {mode:04o}: made {tightened:04o} (only its owner may change it)"
+    finally:
+        os.close(fd)

@@ -14,6 +14,7 @@ import os
 import re
 from typing import NamedTuple
 
+from . import files
 from .loader import under_root
 
 
@@ -78,6 +79,7 @@ _FIRST_DRIVER_OF_CUDA = (
 )
 _DRIVER_VERSION = re.compile(r"\b(\d+\.\d+(?:\.\d+)?)\b")
 _PROC = "/proc/driver/nvidia"
+_PROC_FILE_LIMIT = 1 << 20
 
 
 def capability_of(name: str) -> tuple[int, int] | None:
@@ -113,11 +115,7 @@ def parse_information(text: str) -> dict[str, str]:
 
 
 def _read(path: str) -> str | None:
-    try:
-        with open(path, errors="replace") as file:
-            return file.read()
-    except OSError:
-        return None
+    return files.read_text(path, _PROC_FILE_LIMIT)
 
 
 def read_driver_version(root: str = "/") -> str | None:
@@ -133,20 +131,11 @@ def probe_gpus(root: str = "/") -> GpuFacts:
     driver = read_driver_version(root)
     gpus = []
     for bus_id, _, info, device in _node_gpus(root):
-        if not info.get("Device Minor", "").isdigit() or not os.path.exists(device):
+        if not info.get("Device Minor", "").isdigit() or not files.exists(device):
             continue  # a GPU of the node that this pod was not given
         name = info.get("Model", "unknown")
         gpus.append(Gpu(len(gpus), name, capability_of(name), bus_id))
     return GpuFacts(tuple(gpus), driver, cuda_version_of_driver(driver))
-
-
-def gpu_inputs(root: str = "/") -> list[tuple[str, str]]:
-    """What probe_gpus reads, for the verdict cache: the version file, the kernel module's GPU list, each
-    GPU's information file and the device node it names."""
-    inputs = [("read", under_root(root, f"{_PROC}/version")), ("list", under_root(root, f"{_PROC}/gpus"))]
-    for _, information, _, device in _node_gpus(root):
-        inputs += [("read", information), ("exists", device)]
-    return inputs
 
 
 def _node_gpus(root: str) -> list[tuple[str, str, dict[str, str], str]]:
@@ -154,7 +143,7 @@ def _node_gpus(root: str) -> list[tuple[str, str, dict[str, str], str]]:
     kernel module lists, in bus order (steps 2 and 3 of this module's docstring)."""
     gpus_dir = under_root(root, f"{_PROC}/gpus")
     try:
-        bus_ids = sorted(os.listdir(gpus_dir))
+        bus_ids = files.listdir(gpus_dir)
     except OSError:
         return []
     gpus = []

@@ -1,7 +1,8 @@
 """One activation per process (docs/design.md §4): the verdict cache's replay where a process before this one
-decided on the same inputs (verdict.py), else the full run (pipeline.py). Fails open: whatever goes wrong in
-the replay, the full run decides; whatever goes wrong there, vLLM goes on as without the guard (unless strict
-mode asks to stop)."""
+decided on the same inputs (verdict.py), else the full run (pipeline.py); either way one record issued
+(issue.py). Fails open around everything: whatever goes wrong in the replay, the full run decides; whatever
+goes wrong there or before it (a working directory that is gone, an environment it cannot read), vLLM goes on
+as without the guard, with one line saying so, unless strict mode asks to stop."""
 
 from __future__ import annotations
 
@@ -9,66 +10,67 @@ import os
 import threading
 from typing import Any
 
-from .verdict import Verdict, announce, log, replay, written
+from .issue import Issued, issue
+from .line import log
+from .verdict import for_process, replay
 
 _lock = threading.Lock()
 _activated = False
-_verdict: Verdict | None = None
-_record_dir: str | None = None  # where the first activation wrote its record
+_issued: Issued | None = None
 
 
 def activate(trigger: str) -> dict[str, Any] | None:
     """Runs the guard once per process; later calls (plugin after import hook, workers' second call) return
     the first call's record. A forked child (vLLM's EngineCore and workers under the fork start method)
-    inherits the parent's libraries and knobs: its first call writes and logs its own record of that."""
-    global _activated, _verdict, _record_dir
+    inherits the parent's libraries and knobs: its first call issues its own record of that."""
+    global _activated, _issued
     with _lock:
-        if _activated:
-            if _verdict is not None and _verdict.record["pid"] != os.getpid():
-                _verdict = _inherited(_verdict, trigger)
-        else:
+        if not _activated:
             _activated = True
-            decided = _replayed(trigger)
-            if decided is None:
-                from .pipeline import run  # the full run's imports, only where no verdict is cached
-
-                decided = run(trigger)
-            _verdict, _record_dir = decided if decided is not None else (None, None)
-        return None if _verdict is None else _verdict.record
+            _issued = _fail_open(_decide, trigger)
+        elif _issued is not None and _issued.document["pid"] != os.getpid():
+            _issued = _fail_open(_inherited, _issued, trigger) or _issued
+        return None if _issued is None else _issued.document
 
 
-def _replayed(trigger: str) -> tuple[Verdict, str | None] | None:
+def _decide(trigger: str) -> Issued | None:
     try:
-        return replay(trigger)
+        replayed = replay(trigger)
     except Exception:  # a cache that cannot be read or replayed is a miss
-        return None
+        replayed = None
+    if replayed is not None:
+        return replayed
+    from .pipeline import run  # the full run's imports, only where no verdict is cached
+
+    return run(trigger)
 
 
-def _inherited(parent: Verdict, trigger: str) -> Verdict:
-    pid = parent.record["pid"]
-    verdict = parent.for_process(
+def _inherited(parent: Issued, trigger: str) -> Issued:
+    pid = parent.document["pid"]
+    document = for_process(
+        parent.document,
         f"{trigger} (forked from pid {pid}: inherits its libraries and knobs)",
         forked_from=pid,
         replayed_from=None,
         elapsed_ms=0.0,
         timings_ms={},
     )
+    return issue(document, parent.directory, parent.log_format)
+
+
+def _fail_open(step: Any, *args: Any) -> Issued | None:
+    """The step's result; on the guard's own error one line and None (strict mode: a stop). A stop the step
+    raised (a SystemExit) passes."""
     try:
-        return _issued(verdict, _record_dir)
-    except Exception as error:  # the guard must never make start-up worse
-        log("warning", f"tmaguard: internal error recording a forked process: {type(error).__name__}")
-        return verdict
+        return step(*args)
+    except Exception as error:
+        from .redaction import redact
+        from .stop import internal_stop, tell_kubernetes
 
-
-def _issued(verdict: Verdict, directory: str | None) -> Verdict:
-    """Written and logged without the full run's modules; a refused write takes the full run's way (a
-    problem of the record)."""
-    if directory is not None:
-        try:
-            written(verdict, directory)
-        except OSError:
-            from .pipeline import issued
-
-            return issued(verdict, directory)
-    announce(verdict)
-    return verdict
+        log(
+            "warning",
+            redact(f"tmaguard: internal error, leaving vLLM as it is: {type(error).__name__}: {error}"),
+        )
+        if os.environ.get("TMAGUARD_STRICT", "").strip() == "1":
+            raise tell_kubernetes(internal_stop(error)) from error
+        return None

@@ -3,16 +3,19 @@ gets on PYTHONPATH, with a sitecustomize.py that arms the import hook at interpr
 vllm_tmaguard.pth does that from site-packages; Python reads .pth files only there, not from PYTHONPATH.
 The platform-plugin entry point is found through the copied dist-info (importlib.metadata reads sys.path).
 
-  1. copy the installed distribution's files (no .pth, no console script) into the directory;
+  1. copy the installed distribution's files (no .pth, no console script) into the directory, through the
+     door's install writes (nothing followed through a link planted in the directory);
   2. write sitecustomize.py: arm the hook, then run the sitecustomize.py it shadows, if the image has one."""
 
 import os
-import shutil
+import stat
+from collections.abc import Iterable, Iterator
 from importlib import metadata
 
-from .files import write_atomically
+from . import files, trust
 
 DISTRIBUTION = "vllm-tmaguard"
+_FILE_LIMIT = 64 << 20
 
 SITECUSTOMIZE = """\
 # Written by `tmaguard inject` (vllm-tmaguard): arms the guard's import hook at interpreter start, as the pip
@@ -57,19 +60,33 @@ def _installed_distribution(package_dir: str) -> metadata.Distribution:
     raise InjectError(f"no installed {DISTRIBUTION} owns {package_dir}: install the wheel, then inject")
 
 
-def inject(target: str) -> list[str]:
-    """Places the package in `target` (created if absent); returns the files written, relative to it."""
-    package_dir = os.path.dirname(os.path.realpath(__file__))
+def installed_entries(package_dir: str) -> Iterator[tuple[str, bytes, int]]:
+    """(relative path, content, mode) of each installed file of the distribution that owns `package_dir`,
+    but the .pth (Python reads .pth files only from site-packages) and the console scripts (outside it)."""
     distribution = _installed_distribution(package_dir)
-    written = []
     for file in distribution.files or ():
         relative = str(file)
         if relative.startswith("..") or relative.endswith(".pth") or "__pycache__" in relative:
-            continue  # console scripts live outside site-packages; the .pth only works from there
-        destination = os.path.join(target, relative)
-        os.makedirs(os.path.dirname(destination), exist_ok=True)
-        shutil.copy2(distribution.locate_file(file), destination)
+            continue
+        source = str(distribution.locate_file(file))
+        info = os.stat(source)
+        yield relative, files.read_bytes(source, _FILE_LIMIT, noted=False), stat.S_IMODE(info.st_mode) & 0o755
+
+
+def place(entries: Iterable[tuple[str, bytes, int]], target: str) -> list[str]:
+    """Writes the entries and sitecustomize.py under `target` (files.install_file: nothing followed through a
+    link planted there, every directory on the way only root's or this user's to change); returns the files
+    written, relative to it. Raises OSError (files.Refused, trust.UntrustedPath) or InjectError."""
+    trust.make_install_dir(target)
+    written = []
+    for relative, data, mode in entries:
+        files.install_file(target, relative, data, mode | 0o444)
         written.append(relative)
-    os.makedirs(target, exist_ok=True)
-    write_atomically(os.path.join(target, "sitecustomize.py"), SITECUSTOMIZE.encode(), mode=0o644)
+    files.install_file(target, "sitecustomize.py", SITECUSTOMIZE.encode(), 0o644)
     return [*written, "sitecustomize.py"]
+
+
+def inject(target: str) -> list[str]:
+    """Places the installed package in `target` (created if absent); returns the files written, relative to
+    it."""
+    return place(installed_entries(os.path.dirname(os.path.realpath(__file__))), target)

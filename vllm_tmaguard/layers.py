@@ -9,6 +9,7 @@ import os
 from collections.abc import Mapping
 from typing import NamedTuple
 
+from . import files
 from .catalogue import ENCODERS, OVERLAY_TRIGGERS, PROC_ADDRESS_V2
 from .elf import ElfInfo
 from .loader import under_root
@@ -46,6 +47,7 @@ class PodEvidence(NamedTuple):
 
 FINGERPRINT_PATHS = ("/etc/vcuda", "/usr/local/nvidia/bin/gpu-client", "/usr/local/vgpu")
 _PRELOAD_FILE = "/etc/ld.so.preload"
+_PRELOAD_LIMIT = 1 << 20
 # The environment variables the fingerprints look at, by prefix (LD_PRELOAD besides).
 ENV_PREFIXES = (
     "CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT", "LUPINE_SERVER", "ALIYUN_COM_GPU_MEM_",
@@ -54,22 +56,12 @@ ENV_PREFIXES = (
 
 
 def gather_evidence(root: str, environ: Mapping[str, str], libcuda: ElfInfo | None) -> PodEvidence:
-    existing = frozenset(p for p in FINGERPRINT_PATHS if os.path.exists(under_root(root, p)))
+    existing = frozenset(p for p in FINGERPRINT_PATHS if files.exists(under_root(root, p)))
     preload = list(environ.get("LD_PRELOAD", "").replace(":", " ").split())
-    try:
-        with open(under_root(root, _PRELOAD_FILE)) as file:
-            preload += [w for line in file for w in line.split("#", 1)[0].split()]
-    except OSError:
-        pass
+    text = files.read_text(under_root(root, _PRELOAD_FILE), _PRELOAD_LIMIT) or ""
+    preload += [w for line in text.splitlines() for w in line.split("#", 1)[0].split()]
     variables = {name: environ[name] for name in environ if name.startswith(ENV_PREFIXES)}
     return PodEvidence(existing, tuple(preload), variables, libcuda)
-
-
-def evidence_inputs(root: str) -> list[tuple[str, str]]:
-    """What gather_evidence reads from files, for the verdict cache: whether each fingerprint exists (vCUDA
-    writes into /etc/vcuda as it runs), the preload file."""
-    exists = [("exists", under_root(root, path)) for path in FINGERPRINT_PATHS]
-    return [*exists, ("stat", under_root(root, _PRELOAD_FILE))]
 
 
 def _env_matches(environ: Mapping[str, str], prefixes: tuple[str, ...]) -> list[str]:

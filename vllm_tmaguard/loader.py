@@ -22,6 +22,7 @@ import struct
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
+from . import files
 from .catalogue import DRIVER_LIBRARY, ENCODERS, MARKER
 from .elf import ElfError, ElfInfo, native_machine, read_elf
 from .process import LIBRARY_PATH, mapped_named, split_library_path
@@ -95,8 +96,7 @@ def _passes_over(path: str, machine: int | None) -> str | None:
     any other flaw (too short, not ELF, the wrong byte order...) fails the load right there, so that
     file, broken or not, is the answer: the guard must not pick a later one the loader would never reach."""
     try:
-        with open(path, "rb") as file:
-            header = file.read(64)
+        header = files.read_head(path, 64)
     except (PermissionError, FileNotFoundError) as error:
         return error.strerror or str(error)
     except OSError:
@@ -120,8 +120,7 @@ def search_order(
     for directory in split_library_path(environ.get(LIBRARY_PATH, ""), cwd):
         yield os.path.join(directory, name), "LD_LIBRARY_PATH"
     try:
-        with open(under_root(root, "/etc/ld.so.cache"), "rb") as file:
-            cache = file.read()
+        cache = files.read_bytes(under_root(root, "/etc/ld.so.cache"))
     except OSError:
         cache = b""
     for _, path in read_ld_so_cache(cache, machine, name):
@@ -147,7 +146,7 @@ def resolve_library(
         if how == "LD_LIBRARY_PATH" and "$" in path:  # $ORIGIN, $LIB, $PLATFORM: the loader expands them
             skipped.append(f"{os.path.dirname(path)}: the loader expands its $ token, the guard cannot")
             break  # whatever follows, the guard cannot tell which file the loader takes
-        if not os.path.exists(path):
+        if files.stat(path) is None:
             continue
         passed_over = _passes_over(path, elf_machine)
         if passed_over is not None:
@@ -164,27 +163,14 @@ def resolve_library(
     return LibraryResolution(name, None, "not found", mapped, tuple(skipped))
 
 
-def resolution_inputs(
-    name: str, environ: Mapping[str, str], root: str = "/", mapped: tuple[str, ...] = ()
-) -> list[tuple[str, str]]:
-    """What resolve_library reads, for the verdict cache: ld.so.cache, every candidate of the search order
-    (the ones it never reached too: a superset is as good), and the files already mapped."""
-    candidates = search_order(name, environ, root, os.getcwd(), os.uname().machine)
-    return [
-        ("stat", under_root(root, "/etc/ld.so.cache")),
-        *(("stat", path) for path, _ in candidates),
-        *(("stat", path) for path in mapped),
-    ]
-
-
 def _answering_mapped(name: str, mapped: tuple[str, ...], first_found: tuple[str, str] | None) -> str:
     """Of the mapped candidates, the one a later dlopen(name) gets: the file the search order finds if it
     is mapped (it was loaded through the name), else one mapped under the name itself (a layer installed as
     a hard link), else one whose SONAME is the name (the real driver behind a symlink)."""
     if first_found:
-        found = os.path.realpath(first_found[0])
+        found = files.realpath(first_found[0])
         for path in mapped:
-            if os.path.realpath(path) == found:
+            if files.realpath(path) == found:
                 return path
     for path in mapped:
         if os.path.basename(path) == name:
@@ -212,7 +198,7 @@ def real_driver_search(layer_path: str, environ: Mapping[str, str], root: str) -
     """(directory, step) in the order this module's docstring gives, each directory once."""
     steps = [
         (os.path.dirname(layer_path), "beside the layer"),
-        (os.path.dirname(os.path.realpath(layer_path)), "beside the layer"),
+        (os.path.dirname(files.realpath(layer_path)), "beside the layer"),
         *(
             (d, "LD_LIBRARY_PATH")
             for d in split_library_path(environ.get(LIBRARY_PATH, ""), os.getcwd())
@@ -232,16 +218,18 @@ def real_driver_search(layer_path: str, environ: Mapping[str, str], root: str) -
 
 def find_real_driver(
     layer: ElfInfo, driver_version: str | None, environ: Mapping[str, str], root: str
-) -> str | None:
+) -> tuple[str | None, str]:
     """The real driver file behind `layer`: a libcuda.so.<version> (or libcuda.so.1) with SONAME
     libcuda.so.1 that exports the encoders and is neither the layer nor this package's overlay, from the
-    first directory of real_driver_search that has one."""
-    layer_real = os.path.realpath(layer.path)
-    for directory, _ in real_driver_search(layer.path, environ, root):
+    first directory of real_driver_search that has one; and the last search step it looked in (what of the
+    environment it read: a step after "beside the layer" read LD_LIBRARY_PATH)."""
+    layer_real = files.realpath(layer.path)
+    step = "beside the layer"
+    for directory, step in real_driver_search(layer.path, environ, root):
         candidates = [
             (version == driver_version, _version_key(version), path)
             for path, version in _driver_files(directory)
-            if os.path.realpath(path) != layer_real
+            if files.realpath(path) != layer_real
         ]
         for _, _, path in sorted(candidates, reverse=True):
             try:
@@ -249,42 +237,23 @@ def find_real_driver(
             except ElfError:
                 continue
             if info.soname == DRIVER_LIBRARY and ENCODERS[0] in info.defined and MARKER not in info.defined:
-                return path
-    return None
-
-
-def real_driver_inputs(
-    layer_path: str, environ: Mapping[str, str], root: str, found: str | None
-) -> tuple[list[tuple[str, str]], bool]:
-    """What find_real_driver read to find `found` (None: it found none), for the verdict cache: each
-    directory of its search up to the one holding `found` (a new entry changes it) and each candidate file in
-    it, as a link too (realpath); and whether it searched LD_LIBRARY_PATH's directories. The layer's own
-    path's components are trust.walk_inputs'."""
-    inputs: list[tuple[str, str]] = []
-    searched_library_path = False
-    for directory, step in real_driver_search(layer_path, environ, root):
-        inputs.append(("stat", directory))
-        searched_library_path |= step == "LD_LIBRARY_PATH"
-        for path, _ in sorted(_driver_files(directory)):
-            inputs += [("stat", path), ("owner", path)]
-        if found is not None and os.path.dirname(found) == directory:
-            break
-    return inputs, searched_library_path
+                return path, step
+    return None, step
 
 
 def _driver_files(directory: str) -> list[tuple[str, str]]:
     """(path, version) of each file in `directory` named like a driver: libcuda.so.<version>, and
     libcuda.so.1 (version "0"); none where the directory cannot be listed."""
     try:
-        names = os.listdir(directory)
+        names = files.listdir(directory)
     except OSError:
         return []
-    files = []
+    found = []
     for name in names:
         match = _DRIVER_FILE.match(name)
         if match or name == DRIVER_LIBRARY:
-            files.append((os.path.join(directory, name), match.group(1) if match else "0"))
-    return files
+            found.append((os.path.join(directory, name), match.group(1) if match else "0"))
+    return found
 
 
 def _version_key(version: str) -> tuple[int, ...]:

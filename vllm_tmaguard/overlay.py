@@ -9,10 +9,9 @@ import contextlib
 import hashlib
 import os
 
-from . import trust
+from . import files, trust
 from .catalogue import overlay_path
 from .elf import ElfError, retag_dynamic
-from .files import write_atomically
 
 # Same constant as setup.py: the placeholder (in .dynstr and in .rodata) the layer's path replaces.
 PLACEHOLDER = b"/tmaguard-layer-placeholder/" + b"x" * 220
@@ -20,6 +19,7 @@ PLACEHOLDER = b"/tmaguard-layer-placeholder/" + b"x" * 220
 # skip, so that the file as shipped needs no library outside the manylinux policy); the overlay written
 # for a layer turns it into DT_NEEDED on the layer's file.
 DT_NEEDED, DT_AUXILIARY = 1, 0x7FFFFFFD
+_OVERLAY_LIMIT = 64 << 20
 
 
 class OverlayError(RuntimeError):
@@ -34,8 +34,7 @@ def overlay_image(layer_path: str) -> bytes:
     if len(encoded) > len(PLACEHOLDER) or b"\0" in encoded:
         raise OverlayError(f"layer path {layer_path!r} is longer than {len(PLACEHOLDER)} bytes")
     path = overlay_path()
-    with open(path, "rb") as file:
-        image = bytearray(file.read())
+    image = bytearray(files.read_bytes(path, _OVERLAY_LIMIT))
     if image.count(PLACEHOLDER + b"\0") != 2:  # in .dynstr and the copy in .rodata
         raise OverlayError(f"{path} does not carry the layer placeholder twice")
     try:
@@ -48,26 +47,22 @@ def overlay_image(layer_path: str) -> bytes:
 
 
 def write_private(image: bytes, directory: str) -> str:
-    """Writes the image as <directory>/<hash>/libcuda.so.1 (directories 0700, content-addressed so that a
-    process's workers share one file), atomically, unless that file already holds exactly the image.
-    Returns its real path, checked (trust.py); raises OSError (UntrustedPath included) otherwise."""
-    digest = hashlib.sha256(image).hexdigest()[:16]
-    target_dir = os.path.join(directory, f"overlay-{digest}")
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(target_dir, 0o700)
+    """Writes the image as <directory>/overlay-<hash>/libcuda.so.1 (content-addressed, so that a pod's
+    processes share one file; mode 0500), unless that file already holds exactly the image. Returns its
+    real path, checked (trust.py); raises OSError (UntrustedPath, files.Refused included) otherwise."""
+    with files.private(directory) as opened:
+        target_dir = opened.subdirectory(f"overlay-{hashlib.sha256(image).hexdigest()[:16]}")
     problem = trust.path_problem(target_dir, private=True)
     if problem is not None:
         raise trust.UntrustedPath(target_dir, problem)
-    path = os.path.join(target_dir, "libcuda.so.1")
-    if not _holds(path, image):
-        write_atomically(path, image, 0o500)
-    return trust.trusted_file(path)
+    if not _holds(target_dir, image):
+        files.write_private(target_dir, "libcuda.so.1", image, 0o500)
+    return trust.trusted_file(os.path.join(target_dir, "libcuda.so.1"))
 
 
-def _holds(path: str, image: bytes) -> bool:
+def _holds(directory: str, image: bytes) -> bool:
     try:
-        with open(path, "rb") as file:
-            return file.read(len(image) + 1) == image
+        return files.read_private(directory, "libcuda.so.1", len(image)) == image
     except OSError:
         return False
 

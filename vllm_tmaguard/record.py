@@ -1,6 +1,7 @@
-"""The one record per process: a typed value built from the stages' outputs, converted to JSON only at the
-edge (to_json, schema 2), and the one log line rendered from its fields in vLLM's style (docs/design.md §4).
-`tmaguard doctor` reads it back with from_json."""
+"""The one record per process: a typed value built from the stages' outputs, converted to JSON only where
+it is issued (to_json, schema 2: issue.py writes it, line.py renders the log line from its fields;
+docs/design.md §4). What a record file must look like to be read back (the doctor, `tmaguard record`):
+record_shape.py."""
 
 from __future__ import annotations
 
@@ -9,10 +10,9 @@ import time
 from typing import Any, NamedTuple
 
 from . import __version__, codes
-from .codes import LOAD_OVERLAY, LOAD_SHIM
+from .codes import COMPLETE, DEGRADED, NO_GPU, NO_VLLM, SUPPLIED, WOULD_SUPPLY
 from .outcomes import Action, Problem
 from .redaction import redact
-from .verdict import MESSAGE_LIMIT, clip, details, fit_line
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # the stages' types, for annotations only: importing them here would cost start-up
@@ -22,15 +22,6 @@ if TYPE_CHECKING:  # the stages' types, for annotations only: importing them her
     from .supply import SupplyPlan
 
 SCHEMA = 2
-
-# Outcome values: what an operator filters on (and fleet metrics count).
-NO_GPU = "no-gpu"  # no GPU and no libcuda.so.1: nothing to do
-COMPLETE = "nothing-missing"  # libcuda.so.1 has everything vLLM and its libraries need
-SUPPLIED = "supplied"  # what it lacks was supplied
-WOULD_SUPPLY = "would-supply"  # validate mode: what auto would supply
-DEGRADED = "degraded"  # something stays broken (see problems)
-NO_VLLM = "no-vllm"
-
 
 class Record(NamedTuple):
     pid: int
@@ -108,37 +99,6 @@ class Record(NamedTuple):
             "replayed_from": self.replayed_from,
         }
         return redact(document)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Record:
-        """A record as written (schema 2). Raises KeyError or TypeError for something else."""
-        if data.get("schema") != SCHEMA:
-            raise KeyError(f"record schema {data.get('schema')!r}, not {SCHEMA}")
-        return cls(
-            pid=data["pid"],
-            time=data["time"],
-            trigger=data["trigger"],
-            mode=data["mode"],
-            outcome=data["outcome"],
-            layers=tuple(data["layers"]),
-            libcuda=data["libcuda"],
-            gpu=data["gpu"],
-            vllm=data["vllm"],
-            lacking=tuple(data["lacking"]),
-            missing=data["missing"],
-            supplied=data["supplied"],
-            encoder=data["encoder"],
-            tma=data["tma"],
-            routing=data["routing"],
-            actions=tuple(Action.from_json(a) for a in data["actions"]),
-            problems=tuple(Problem.from_json(p) for p in data["problems"]),
-            timings_ms=data.get("timings_ms", {}),
-            elapsed_ms=data.get("elapsed_ms", 0.0),
-            record_file=data.get("record_file"),
-            forked_from=data.get("forked_from"),
-            replayed_from=data.get("replayed_from"),
-            tmaguard=data.get("tmaguard", "?"),
-        )
 
 
 def now() -> str:
@@ -255,71 +215,3 @@ def _routing_json(routing: Any) -> dict[str, Any]:
         "stale": list(routing.stale),
         "error": routing.error,
     }
-
-
-# ---------------------------------------------------------------------------------------------------------
-# The log line
-
-
-def level_of(record: Record) -> str:
-    """warning: a problem (a bad toggle too, even on a machine without a GPU) or a path no knob reaches;
-    debug: nothing to do here; else info."""
-    hints = bool(record.routing and record.routing.get("hints"))
-    if record.problems or hints:
-        return "warning"
-    return "debug" if record.outcome == NO_GPU else "info"
-
-
-def line_parts(record: Record) -> tuple[list[str], list[str]]:
-    """The log line's parts from the record's fields, redacted, for log.fit_line: the essential ones (the
-    outcome, what was loaded, the first problem's cause, given whatever room the rest leaves it, and its
-    fix) and the optional ones in the order they are dropped last (the routing in a phrase). The record's
-    place, which differs per process, is log.details'."""
-    head = f"tmaguard: {clip(record.summary, 100)}"
-    loaded = _loaded(record.actions)
-    essential = [head, *([loaded] if loaded else [])]
-    if record.problems:
-        first = record.problems[0]
-        count = f" ({len(record.problems)})" if len(record.problems) > 1 else ""
-        fix = f"fix: {clip(first.fix, 110)}"
-        label = f"PROBLEM{count}: "
-        room = MESSAGE_LIMIT - sum(len(p) + 2 for p in essential) - len(label) - len(fix) - 2
-        essential += [label + clip(first.cause, max(room, 40)), fix]
-    optional = [part for part in (_routing_phrase(record.routing, record.tma),) if part]
-    return [redact(p) for p in essential], [redact(p) for p in optional]
-
-
-def render_line(record: Record) -> str:
-    """The whole line, as logged: the outcome and the first problem always stay; the routing and the
-    record's place go first."""
-    essential, optional = line_parts(record)
-    return fit_line(essential, [*optional, details(record.record_file)])
-
-
-def _loaded(actions: tuple[Action, ...]) -> str | None:
-    overlay = [a for a in actions if a.kind == LOAD_OVERLAY]
-    shims = [a.target for a in actions if a.kind == LOAD_SHIM]
-    parts = []
-    if overlay:
-        where = " (in memory)" if overlay[0].in_memory else ""
-        parts.append(f"overlay {'loaded' if overlay[0].applied else 'would be loaded'}{where}")
-    if shims:
-        parts.append(f"shims {'loaded' if actions[0].applied else 'would be loaded'} ({', '.join(shims)})")
-    return "; ".join(parts) or None
-
-
-def _routing_phrase(routing: dict[str, Any] | None, tma: dict[str, Any] | None) -> str | None:
-    if routing is None:
-        return None
-    changes = []
-    if routing["disabled_kernels"]:
-        changes.append(f"{len(routing['disabled_kernels'])} kernels off")
-    if any(name.endswith("USE_DEEP_GEMM") for name in routing["env"]):
-        changes.append("DeepGEMM off")
-    if routing["blocked_imports"]:
-        changes.append(f"{len(routing['blocked_imports'])} extensions blocked")
-    if not changes:
-        changes.append("vLLM's own choices" + (", TMA kept" if tma and tma["usable"] else ""))
-    counted = {"hint": routing["hints"], "note": routing["stale"]}
-    notes = [f"{len(items)} {what}{'s' * (len(items) > 1)}" for what, items in counted.items() if items]
-    return "routing: " + ", ".join(changes + notes)

@@ -1,86 +1,101 @@
 """The vLLM scan, cached across processes (every vLLM worker runs the guard): one JSON file per vLLM
-install in the guard's private record directory, valid while vLLM's version file and extension files keep
-their size and modification time."""
+install in the guard's private record directory, valid while vLLM's version file and extension files are
+unchanged (each one's stat as the verdict cache observes files: identity, size, modification and change
+times). The scan's own reads are not verdict inputs: these files stand for them (files.not_noting)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+from typing import Any
 
-from .files import write_atomically
+from . import files
+from .files import write_private
 from .process import find_package_dir
 from .vllm_probe import Extension, VllmFacts, extension_modules, probe_vllm
 
-# 2: only the extensions this interpreter can load (vllm_probe.loadable_here); 3: kernels listed, absent files
-_FORMAT = 3
+# 2: only the extensions this interpreter can load (vllm_probe.loadable_here); 3: kernels listed, absent
+# files; 4: signatures are the verdict cache's stat observations (change time included)
+_FORMAT = 4
 
 
-def _signature(paths: list[str]) -> list[list[int] | None] | None:
-    """Size and modification time of each file; None for one that is not there (a slim image drops
-    extension files its wheel lists: their absence is part of what was scanned). None if one is unreadable."""
-    signature: list[list[int] | None] = []
-    for path in paths:
-        try:
-            stat = os.stat(path)
-        except FileNotFoundError:
-            signature.append(None)
-            continue
-        except OSError:
-            return None
-        signature.append([stat.st_size, stat.st_mtime_ns])
-    return signature
+def _signature(paths: list[str]) -> list[Any]:
+    """Each file's stat observation (noted: the verdict rests on the scan, the scan on these)."""
+    return [files.seen(path) for path in paths]
 
 
-def _cache_path(cache_dir: str, package_dir: str) -> str:
-    digest = hashlib.sha256(os.path.realpath(package_dir).encode()).hexdigest()[:16]
-    return os.path.join(cache_dir, f"vllm-scan-{digest}.json")
+def _cache_name(package_dir: str) -> str:
+    return f"vllm-scan-{hashlib.sha256(os.path.realpath(package_dir).encode()).hexdigest()[:16]}.json"
 
 
 def _watched(package_dir: str, extensions: list[str]) -> list[str]:
     return [os.path.join(package_dir, "_version.py"), *extensions]
 
 
-def watched_files(package_dir: str) -> list[str]:
-    """Every file the scan's validity rests on (its signature's), for the verdict cache."""
-    return _watched(package_dir, [path for _, path in extension_modules(package_dir)])
+def _strings(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(item, str) for item in value)
+
+
+def _extension(data: Any) -> Extension | None:
+    """One cached extension, or None where it is not as store() writes it."""
+    if not isinstance(data, dict):
+        return None
+    module, path, symbols = data.get("module"), data.get("path"), data.get("driver_symbols")
+    error, absent = data.get("error"), data.get("absent")
+    if not (isinstance(module, str) and isinstance(path, str) and _strings(symbols)):
+        return None
+    if not (error is None or isinstance(error, str)) or not isinstance(absent, bool):
+        return None
+    return Extension(module, path, frozenset(symbols), error, absent)
+
+
+def _facts(cached: Any, package_dir: str) -> VllmFacts | None:
+    """The cached facts, or None where the document is not store()'s for this install and format."""
+    if not isinstance(cached, dict) or cached.get("format") != _FORMAT:
+        return None
+    listed = cached.get("extensions")
+    extensions = [_extension(e) for e in listed] if isinstance(listed, list) else [None]
+    version, kernels = cached.get("version"), cached.get("kernels_listed")
+    shaped = (
+        cached.get("package_dir") == package_dir and None not in extensions
+        and _strings(cached.get("other_extensions")) and _strings(cached.get("imported_at_platform_load"))
+        and isinstance(cached.get("platform_plugins"), bool) and isinstance(cached.get("signature"), list)
+        and (version is None or isinstance(version, str)) and (kernels is None or _strings(kernels))
+    )  # fmt: skip
+    if not shaped:
+        return None
+    return VllmFacts(
+        True,
+        version,
+        package_dir,
+        tuple(e for e in extensions if e is not None),
+        cached["platform_plugins"],
+        tuple(cached["imported_at_platform_load"]),
+        None if kernels is None else frozenset(kernels),
+    )
 
 
 def load(cache_dir: str, package_dir: str) -> VllmFacts | None:
-    """The cached facts for this vLLM install, or None when absent, stale or unreadable."""
+    """The cached facts for this install, or None when absent, unsafe, damaged or stale (the caller scans
+    again and replaces the file)."""
     try:
-        with open(_cache_path(cache_dir, package_dir)) as file:
-            cached = json.load(file)
-        if cached.get("format") != _FORMAT or cached["package_dir"] != package_dir:
-            return None
-        paths = [e["path"] for e in cached["extensions"]] + cached["other_extensions"]
-        if _signature(_watched(package_dir, paths)) != cached["signature"]:
-            return None
-        extensions = tuple(
-            Extension(e["module"], e["path"], frozenset(e["driver_symbols"]), e["error"], e["absent"])
-            for e in cached["extensions"]
-        )
-        return VllmFacts(
-            True,
-            cached["version"],
-            package_dir,
-            extensions,
-            cached["platform_plugins"],
-            tuple(cached["imported_at_platform_load"]),
-            None if cached["kernels_listed"] is None else frozenset(cached["kernels_listed"]),
-        )
-    except (OSError, ValueError, KeyError, TypeError):
+        cached = files.read_private_json(cache_dir, _cache_name(package_dir))
+    except (OSError, ValueError):
         return None
+    facts = _facts(cached, package_dir)
+    if facts is None:
+        return None
+    paths = [e.path for e in facts.extensions] + cached["other_extensions"]
+    return facts if _signature(_watched(package_dir, paths)) == cached["signature"] else None
 
 
-def store(cache_dir: str, facts: VllmFacts, all_extensions: list[str]) -> None:
-    """Writes the facts atomically; a failure only costs the next process a rescan."""
+def store(cache_dir: str, facts: VllmFacts, all_extensions: list[str], signature: list[Any]) -> None:
+    """Writes the facts atomically with the signature they were scanned under; a failure only costs the next
+    process a rescan."""
     assert facts.package_dir is not None
     scanned = {e.path for e in facts.extensions}
-    others = [p for p in all_extensions if p not in scanned]
-    signature = _signature(_watched(facts.package_dir, [e.path for e in facts.extensions] + others))
-    if signature is None:
-        return
     document = {
         "format": _FORMAT,
         "package_dir": facts.package_dir,
@@ -96,26 +111,29 @@ def store(cache_dir: str, facts: VllmFacts, all_extensions: list[str]) -> None:
             }
             for e in facts.extensions
         ],
-        "other_extensions": others,
+        "other_extensions": [p for p in all_extensions if p not in scanned],
         "platform_plugins": facts.platform_plugins,
         "imported_at_platform_load": list(facts.imported_at_platform_load),
         "kernels_listed": None if facts.kernels_listed is None else sorted(facts.kernels_listed),
     }
-    try:
-        os.makedirs(cache_dir, mode=0o700, exist_ok=True)
-        write_atomically(_cache_path(cache_dir, facts.package_dir), json.dumps(document).encode())
-    except OSError:
-        pass
+    with contextlib.suppress(OSError):
+        write_private(cache_dir, _cache_name(facts.package_dir), json.dumps(document).encode())
 
 
 def probe_vllm_cached(cache_dir: str | None, package_dir: str | None = None) -> VllmFacts:
-    """probe_vllm, answered from the cache when this install was scanned before and is unchanged."""
+    """probe_vllm, answered from the cache when this install was scanned before and is unchanged. A scan
+    during which a watched file changed is not kept (and its notes show the change: files.Notes.steady)."""
     package_dir = package_dir or find_package_dir()
     if package_dir is None:
         return VllmFacts(found=False)
     if cache_dir and (cached := load(cache_dir, package_dir)) is not None:
         return cached
-    facts = probe_vllm(package_dir)
-    if cache_dir:
-        store(cache_dir, facts, [path for _, path in extension_modules(package_dir)])
+    with files.not_noting():
+        all_extensions = [path for _, path in extension_modules(package_dir)]
+    watched = _watched(package_dir, all_extensions)
+    before = _signature(watched)
+    with files.not_noting():
+        facts = probe_vllm(package_dir)
+    if cache_dir and _signature(watched) == before:
+        store(cache_dir, facts, all_extensions, before)
     return facts

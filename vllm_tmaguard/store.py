@@ -1,11 +1,12 @@
 """Where the guard keeps what it writes (the overlay's file, the vLLM scan cache, each process's record): a
 directory that is this user's alone. TMAGUARD_RECORD_DIR when it is such a directory, else the default one
-with the refusal said; with neither, nothing is written and the overlay stays in memory."""
+with the refusal said; with neither, nothing is written and the overlay stays in memory. The same judgement
+for every reader and writer of the directory (trust.py), the default directory included."""
 
 import os
 from typing import NamedTuple
 
-from .codes import RECORD_DIR_REFUSED, RECORD_NOT_WRITTEN
+from .codes import RECORD_DIR_REFUSED
 from .files import default_record_dir
 from .outcomes import Problem
 from .trust import private_dir, why_not_private
@@ -20,11 +21,19 @@ class RecordDir(NamedTuple):
         if self.refused is None:
             return None
         instead = f"records go to {self.path} instead" if self.path else "no record is written anywhere"
+        default = self.asked == default_record_dir()
+        which = "the default record directory" if default else "TMAGUARD_RECORD_DIR"
+        fix = (
+            f"remove {self.asked} (made by another user, or with the wrong mode) or set TMAGUARD_RECORD_DIR "
+            "to a directory only this user can enter (0700)"
+            if default
+            else "point TMAGUARD_RECORD_DIR at a directory only this user can enter (0700), or unset it"
+        )
         return Problem(
             RECORD_DIR_REFUSED,
-            cause=f"TMAGUARD_RECORD_DIR is refused: {self.refused}",
+            cause=f"{which} is refused: {self.refused}",
             consequence=f"{instead}; `tmaguard doctor` reads that directory",
-            fix="point TMAGUARD_RECORD_DIR at a directory only this user can enter (0700), or unset it",
+            fix=fix,
             subject=self.asked,
         )
 
@@ -37,21 +46,24 @@ def open_record_dir(asked: str) -> RecordDir:
 
 
 def record_dir_to_read(asked: str) -> RecordDir:
-    """Where the guard put its records when TMAGUARD_RECORD_DIR is `asked`, creating nothing (the doctor):
-    the asked directory if it is private or absent (no guard has written yet); else the default one the
-    guard fell back to, with why."""
-    if not os.path.lexists(asked) or asked == default_record_dir():
-        return RecordDir(asked, asked, None)
-    refused = why_not_private(asked) if os.path.isdir(asked) else f"{asked} is not a directory"
-    return RecordDir(default_record_dir() if refused else asked, asked, refused)
+    """Where the guard put its records when TMAGUARD_RECORD_DIR is `asked` (the doctor, `tmaguard record`,
+    the preflight), creating nothing and judged as the guard judges it, the default directory too: the asked
+    directory if it is private or absent (no guard has written yet); else the default one the guard fell
+    back to, if that is private or absent; else none (path None), with why."""
+    refused = _refusal(asked)
+    if refused is None:
+        return RecordDir(_real(asked), asked, None)
+    default = default_record_dir()
+    if asked != default and _refusal(default) is None:
+        return RecordDir(_real(default), asked, refused)
+    return RecordDir(None, asked, refused)
 
 
-def not_written(directory: str, error: OSError) -> Problem:
-    """The problem of a record the directory refused (files.write_record raised `error`)."""
-    return Problem(
-        RECORD_NOT_WRITTEN,
-        cause=f"could not write the record to {directory}: {error.strerror or error}",
-        consequence="`tmaguard doctor` cannot read this process's record; the log line is all there is",
-        fix="free space in, or give this user write access to, TMAGUARD_RECORD_DIR",
-        subject=directory,
-    )
+def _refusal(path: str) -> str | None:
+    if not os.path.isabs(path):
+        return f"{path!r} is not an absolute path"
+    return why_not_private(path) if os.path.lexists(path) else None
+
+
+def _real(path: str) -> str:
+    return os.path.realpath(path) if os.path.lexists(path) else path

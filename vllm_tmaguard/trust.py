@@ -14,11 +14,13 @@ be swapped between the check and the load."""
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import functools
 import os
 import stat
+
+from . import files
+from .files import make_install_dirs, make_private_dirs, tighten
 
 
 class UntrustedPath(OSError):
@@ -28,16 +30,6 @@ class UntrustedPath(OSError):
     def __init__(self, path: str, why: str) -> None:
         self.path, self.why = path, why
         super().__init__(f"refused: {why}")
-
-
-def _components(real: str) -> list[str]:
-    """'/a/b/c' -> ['/', '/a', '/a/b', '/a/b/c']."""
-    parts, current = ["/"], "/"
-    for name in real.strip("/").split("/"):
-        if name:
-            current = os.path.join(current, name)
-            parts.append(current)
-    return parts
 
 
 def _changers(info: os.stat_result, last: bool) -> dict[str, str]:
@@ -63,32 +55,19 @@ def _walk(path: str, private: bool, _links: int = 0) -> list[tuple[str, os.stat_
         return f"{path}: too many levels of symbolic links"
     written = os.path.abspath(path)
     steps: list[tuple[str, os.stat_result, bool, bool]] = []
-    for component in _components(written):
+    for component in files.components(written):
         try:
-            info = os.lstat(component)
+            info = files.lstat(component)
         except OSError as error:
             return f"{component}: {error.strerror or error}"
         last = component == written
         steps.append((component, info, last, last and private))
         if stat.S_ISLNK(info.st_mode):
-            target = _walk(os.path.realpath(component), private and last, _links + 1)
+            target = _walk(files.realpath(component), private and last, _links + 1)
             if isinstance(target, str):
                 return f"{component} -> {target}"
             steps += target
     return steps
-
-
-def walk_inputs(path: str) -> list[tuple[str, str]]:
-    """What a trust check of `path` reads, for the verdict cache: who owns and may change each component,
-    as written and through each link (a directory's other changes, a new record in it, do not count)."""
-    steps = _walk(path, private=False)
-    components = _components(os.path.abspath(path)) if isinstance(steps, str) else [s[0] for s in steps]
-    return [("owner", component) for component in components]
-
-
-def package_inputs() -> list[tuple[str, str]]:
-    """What package_changers reads."""
-    return walk_inputs(os.path.abspath(__file__))
 
 
 @functools.cache
@@ -125,12 +104,12 @@ def path_problem(path: str, private: bool = False) -> str | None:
 def trusted_file(path: str) -> str:
     """The real path of `path` if code may be loaded from it; raises UntrustedPath otherwise (and
     FileNotFoundError when there is no such file)."""
-    if not os.path.exists(path):
+    if files.stat(path) is None:
         raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
     problem = path_problem(path)
     if problem is not None:
         raise UntrustedPath(path, problem)
-    return os.path.realpath(path)
+    return files.realpath(path)
 
 
 def private_dir(path: str) -> tuple[str | None, str | None]:
@@ -140,11 +119,11 @@ def private_dir(path: str) -> tuple[str | None, str | None]:
     if not os.path.isabs(path):
         return None, f"{path!r} is not an absolute path"
     try:
-        _make_private(path)
+        make_private_dirs(path)
     except OSError as error:
         return None, f"cannot create {path}: {error.strerror or error}"
     problem = why_not_private(path)
-    return (None, problem) if problem else (os.path.realpath(path), None)
+    return (None, problem) if problem else (files.realpath(path), None)
 
 
 def why_not_private(path: str) -> str | None:
@@ -155,34 +134,25 @@ def why_not_private(path: str) -> str | None:
 
 def _not_private(path: str) -> str | None:
     """Why the directory itself is not this user's alone, in the words an operator acts on."""
-    try:
+    try:  # the directory's own stat, in an operator's words; the walk after it notes what it reads
         info = os.stat(path)
     except OSError as error:
         return f"{path}: {error.strerror or error}"
-    mode = stat.S_IMODE(info.st_mode)
-    if not stat.S_ISDIR(info.st_mode):
-        return f"{path} is a file, not a directory"
-    if info.st_uid != os.geteuid():
-        return f"{path} belongs to uid {info.st_uid}, not to this user (uid {os.geteuid()})"
-    if mode & 0o077:
-        who = "everyone" if mode & 0o007 else "its group"
-        return f"{path} has mode {mode:04o}: {who} can enter it; it must be 0700 (this user's alone)"
-    return None
+    problem = files.private_problem(info)
+    return f"{path} {problem}" if problem else None
 
 
-def _make_private(path: str) -> None:
-    """mkdir -p with mode 0700 for every directory it creates (os.makedirs gives parents 0777 & ~umask)."""
-    missing = []
-    current = path
-    while not os.path.lexists(current):
-        missing.append(current)
-        parent = os.path.dirname(current)
-        if parent == current:
-            break
-        current = parent
-    for directory in reversed(missing):
-        with contextlib.suppress(FileExistsError):  # created concurrently: checked like any other
-            os.mkdir(directory, 0o700)
+def make_install_dir(path: str) -> str | None:
+    """A directory code will be loaded from (`tmaguard env --install-dir`, `tmaguard inject`): created 0755
+    if absent, made 0755 where it is this user's and group- or world-writable (kubelet makes emptyDir
+    volumes 0777), then judged like a library's path. Returns what was tightened, in words; raises OSError
+    (UntrustedPath where someone else could still replace what is written there)."""
+    make_install_dirs(path)
+    tightened = tighten(path)
+    problem = path_problem(path)
+    if problem is not None:
+        raise UntrustedPath(path, problem)
+    return tightened
 
 
 def probe_root_problem(root: str, how: str, path: str | None) -> str | None:

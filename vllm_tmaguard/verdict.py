@@ -7,31 +7,26 @@ What a verdict was decided from, observed alike when it is stored and when it is
   1. the process: the environment variables the stages read (LD_LIBRARY_PATH by its effect on the loader's
      search, unless the stages read more of it), the files loaded under the driver's name where one answers
      it, the working directory, the effective user, the interpreter and the vLLM package it would import;
-  2. files: what inputs.py lists (observe_file: stat, owner, existence, entries, a /proc file's content).
-Which variables, names and files is the full run's to say (inputs.py, actions.replay_plan); this module
-observes, compares and redoes. A verdict is replayed whole or not at all: the stored record with this
-process's pid, time and trigger, its changes made again, its line logged; anything different, and the full
-run decides.
-
-Also how a verdict is issued, the full run's too: its record file and its one log line in vLLM's style.
-Long because every vLLM process imports it: standard library only, no value types, one module fewer to
-load (each costs a quarter of a millisecond on a GPU host)."""
+  2. files: every file input the full run read through the door, with what it looked like as it was read
+     (files.Notes: identity, size, modification and change times; a /proc file's content).
+A verdict is replayed whole or not at all: the stored record with this process's pid, time and trigger, the
+trust check of every library it loads run again, its changes made again, its record issued (issue.py);
+anything different, and the full run decides (and replaces an entry or a cache file it cannot use).
+Standard library only: every vLLM process imports it."""
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
-import logging
 import os
-import stat
 import sys
 import time
 from collections.abc import Iterable
 from typing import Any
 
 from . import __version__
-from .files import default_record_dir, process_record_path, write_atomically, write_record
+from .files import default_record_dir, observe, private_problem, read_private_json, write_private
+from .issue import Issued, issue
 from .process import (
     LIBRARY_PATH,
     answering,
@@ -44,144 +39,23 @@ from .process import (
 )
 
 CACHE_FILE = "verdicts.json"
-_CACHE_FORMAT = 1
+_CACHE_FORMAT = 2  # 2: the record document alone (the line is rendered from it), inputs as read, ctime
 ENTRIES_KEPT = 4  # distinct process environments per pod (the API server's, its workers' after its knobs)
 
 
-class Verdict:
-    """A decided record as logged and written: the record document (record.Record.to_json), its log level,
-    its log line's parts (record.line_parts: rendered from the record's fields) and the log format."""
-
-    __slots__ = ("essential", "level", "log_format", "optional", "record")
-
-    def __init__(
-        self, record: dict[str, Any], level: str, essential: list[str], optional: list[str], log_format: str
-    ) -> None:
-        self.record, self.level, self.log_format = record, level, log_format
-        self.essential, self.optional = essential, optional
-
-    def to_json(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self.__slots__}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Verdict:
-        return cls(data["record"], data["level"], data["essential"], data["optional"], data["log_format"])
-
-    def for_process(self, trigger: str, **fields: Any) -> Verdict:
-        """This verdict as this process's: its pid, time and trigger, no record file yet."""
-        record = {
-            **self.record,
-            "pid": os.getpid(),
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "trigger": trigger,
-            "record_file": None,
-            **fields,
-        }
-        return Verdict(record, self.level, self.essential, self.optional, self.log_format)
-
-
 # ---------------------------------------------------------------------------------------------------------
-# The log line: the vllm_tmaguard logger in vLLM's format; its parts (record.line_parts) fitted to its limit
-logger = logging.getLogger("vllm_tmaguard")
-LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
-# vLLM's own format (vllm/logger.py), so the line sits naturally among vLLM's.
-_LINE_FORMAT = "(tmaguard pid=%(process)d) %(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s"
-_DATE_FORMAT = "%m-%d %H:%M:%S"
-# vLLM's prefix (pid, level, time, file) keeps the whole line within 400 characters, readable in `kubectl
-# logs`. The detail is in the record file and `tmaguard doctor`.
-MESSAGE_LIMIT = 335
-
-
-def clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
-
-
-def fit_line(essential: list[str], optional: list[str], limit: int = MESSAGE_LIMIT) -> str:
-    """The parts joined with "; ": every essential part (the caller sized them to fit), then the optional
-    ones in order while they fit, the first that does not fit clipped into what room is left."""
-    room = limit - sum(len(part) + 2 for part in essential)
-    kept = []
-    for part in optional:
-        if len(part) + 2 <= room:
-            kept.append(part)
-            room -= len(part) + 2
-        elif room > 30:
-            kept.append(clip(part, room - 2))
-            room = 0
-    return clip("; ".join(essential + kept), limit)
-
-
-def details(record_file: str | None) -> str:
-    """The line's last part: where the whole record is."""
-    return f"details: {record_file or 'tmaguard doctor'}"
-
-
-def ensure_handler() -> None:
-    """Our own stream handler in vLLM's format, unless the user runs their own logging configuration."""
-    if logger.handlers or os.environ.get("VLLM_CONFIGURE_LOGGING", "1") == "0":
-        return
-    handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(logging.Formatter(_LINE_FORMAT, _DATE_FORMAT))
-    logger.addHandler(handler)
-    logger.setLevel(
-        logging.DEBUG if os.environ.get("VLLM_LOGGING_LEVEL", "").upper() == "DEBUG" else logging.INFO
-    )
-    logger.propagate = False
-
-
-def log(level: str, message: str) -> None:
-    """Logs one line at `level` (a key of LEVELS). The caller has redacted it."""
-    ensure_handler()
-    logger.log(LEVELS[level], message, stacklevel=2)
-
-
-def written(verdict: Verdict, directory: str) -> Verdict:
-    """The verdict with its record written to `directory` (process-<pid>.json and last.json). Raises OSError
-    where the directory refuses; the verdict is then unchanged."""
-    path = process_record_path(directory, verdict.record["pid"])
-    write_record({**verdict.record, "record_file": path}, directory, verdict.record["pid"])
-    verdict.record["record_file"] = path
-    return verdict
-
-
-def announce(verdict: Verdict) -> None:
-    """Logs the verdict's one line (TMAGUARD_LOG_FORMAT=json: the whole record)."""
-    if verdict.log_format == "json":
-        text = json.dumps(verdict.record)
-    else:
-        text = fit_line(verdict.essential, [*verdict.optional, details(verdict.record["record_file"])])
-    log(verdict.level, text)
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Observing
-
-
-def observe_file(kind: str, path: str) -> list[Any] | str:
-    """One file input as JSON: ("stat") the file's identity, size and modification time, links followed;
-    ("owner") the component's identity, type, mode and owner, links not followed; ("exists") whether it
-    does; ("list") a directory's sorted entries; ("read") the content; or the error number."""
-    if kind == "exists":
-        return [os.path.exists(path)]
-    try:
-        if kind == "read":
-            with open(path, "rb") as file:
-                return file.read().decode("utf-8", "replace")
-        if kind == "list":
-            return sorted(os.listdir(path))
-        if kind == "owner":
-            info = os.lstat(path)
-            return [info.st_mode, info.st_ino, info.st_dev, info.st_uid, info.st_gid]
-        info = os.stat(path)
-    except OSError as error:
-        return ["error", error.errno]
-    return [info.st_mode, info.st_ino, info.st_dev, info.st_size, info.st_mtime_ns, info.st_uid, info.st_gid]
+# Observing the process
 
 
 def observe_process(library: str, env_names: Iterable[str], env_prefixes: Iterable[str]) -> dict[str, Any]:
-    """The process's side of the inputs (taken before the guard changes anything)."""
+    """The process's side of the inputs (taken before the guard changes anything). A working directory that
+    is gone is an input like any other (None)."""
     names, prefixes = frozenset(env_names), tuple(env_prefixes)
-    environ, cwd = os.environ, os.getcwd()
+    environ = os.environ
+    try:
+        cwd: str | None = os.getcwd()
+    except OSError:
+        cwd = None
     return {
         "library": library,
         "env_names": sorted(names),
@@ -210,17 +84,18 @@ def _loaded_as(library: str) -> list[str]:
 _NOT_THERE = ("error", errno.ENOENT), ("error", errno.ENOTDIR)
 
 
-def library_path_view(library: str, value: str, cwd: str) -> list[list[Any]]:
+def library_path_view(library: str, value: str, cwd: str | None) -> list[list[Any]]:
     """What LD_LIBRARY_PATH (`value`) contributes to where `library` is loaded from: each of its candidates
     that is there (or cannot be looked at), observed, in order, up to an entry the loader expands ($ORIGIN
-    & co.); an entry without the file contributes nothing and is left out, so two processes whose variables
-    differ only in such entries compare equal (opencv adds its own directory to its children's)."""
+    & co.) or a relative one without a working directory; an entry without the file contributes nothing and
+    is left out, so two processes whose variables differ only in such entries compare equal (opencv adds its
+    own directory to its children's)."""
     view: list[list[Any]] = []
-    for directory in split_library_path(value, cwd):
+    for directory in split_library_path(value, cwd or ""):
         path = os.path.join(directory, library)
-        if "$" in path:
+        if "$" in path or not os.path.isabs(path):
             return [*view, ["token", path]]
-        seen = observe_file("stat", path)
+        seen = observe("stat", path)
         if tuple(seen) not in _NOT_THERE:
             view.append([path, seen])
     return view
@@ -238,61 +113,59 @@ def by_effect(process: dict[str, Any]) -> dict[str, Any]:
 # The cache file
 
 
-def _cache_path(directory: str) -> str:
-    return os.path.join(directory, CACHE_FILE)
-
-
-def _private_dir_asked() -> str | None:
-    """TMAGUARD_RECORD_DIR (or its default) when it is a directory this user alone can enter; the full run
-    judged its whole path when it stored there, and the stored inputs hold that path's components."""
+def replay_directory() -> str | None:
+    """Where the full run kept its verdicts: TMAGUARD_RECORD_DIR, else the default it falls back to, when it
+    is a directory this user alone can enter (the full run judged its whole path, and the stored inputs hold
+    that path's components)."""
     asked = os.environ.get("TMAGUARD_RECORD_DIR", "").strip() or default_record_dir()
-    try:
-        info = os.stat(asked)
-    except OSError:
-        return None
-    private = stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and not info.st_mode & 0o077
-    return asked if os.path.isabs(asked) and private else None
-
-
-def _load(directory: str) -> list[dict[str, Any]]:
-    """The stored entries, newest first; none when the file is absent, not this user's alone, or not ours."""
-    try:
-        fd = os.open(_cache_path(directory), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return []
-    with os.fdopen(fd, "rb") as file:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o077:
-            return []
+    for candidate in dict.fromkeys((asked, default_record_dir())):
         try:
-            document = json.loads(file.read())
-        except ValueError:
-            return []
+            if os.path.isabs(candidate) and private_problem(os.lstat(candidate)) is None:
+                return candidate
+        except OSError:
+            continue
+    return None
+
+
+def _shaped(entry: Any) -> bool:
+    """An entry as remember() writes it (a cache file is the guard's own, but may be damaged)."""
+    try:
+        redo, process = entry["redo"], entry["process"]
+        return (
+            isinstance(process["library"], str) and isinstance(process["env"], dict)
+            and all(isinstance(n, str) for n in [*process["env_names"], *process["env_prefixes"]])
+            and all(isinstance(f, list) and len(f) == 3 and isinstance(f[1], str) for f in entry["files"])
+            and isinstance(entry["record"], dict) and isinstance(entry["record"].get("pid"), int)
+            and entry["log_format"] in ("text", "json") and isinstance(entry["secret_min"], int)
+            and all(isinstance(p, str) and isinstance(g, bool) for p, g, _ in redo["load"])
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in redo["env"].items())
+            and all(isinstance(m, str) for m in redo["block"])
+        )  # fmt: skip
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return False
+
+
+def load_entries(directory: str) -> list[dict[str, Any]]:
+    """The stored entries, newest first; none when the file is absent, unsafe (files.read_private), damaged
+    or of another format or version (the next full run replaces it)."""
+    try:
+        document = read_private_json(directory, CACHE_FILE)
+    except (OSError, ValueError):
+        return []
+    if not isinstance(document, dict):
+        return []
     if document.get("format") != _CACHE_FORMAT or document.get("tmaguard") != __version__:
         return []
-    return document.get("entries") or []
+    entries = document.get("entries")
+    return [e for e in entries if _shaped(e)] if isinstance(entries, list) else []
 
 
-def remember(
-    directory: str,
-    process: dict[str, Any],
-    inputs: Iterable[tuple[str, str]],
-    verdict: Verdict,
-    replaying: dict[str, Any],
-) -> None:
-    """Stores a full run's verdict with what it was decided from (`process`, observed before the run;
-    `inputs`, observed now, after it: the overlay's file it wrote is part of the state a replay finds) and
-    what a replay needs: `replaying["redo"]` (actions.replay_plan), `replaying["secret_min"]` (the shortest
-    value redaction counts as a secret). A failure only costs later processes their full run."""
-    entry = {"process": process, "files": observe_files(inputs), "verdict": verdict.to_json(), **replaying}
-    others = [e for e in _load(directory) if e.get("process") != process]
+def remember(directory: str, entry: dict[str, Any]) -> None:
+    """Stores a full run's entry (pipeline.remember_entry builds it) before the others it keeps; replaces a
+    file it cannot read. Raises OSError (a failure only costs later processes their full run)."""
+    others = [e for e in load_entries(directory) if e["process"] != entry["process"]]
     document = {"format": _CACHE_FORMAT, "tmaguard": __version__, "entries": [entry, *others][:ENTRIES_KEPT]}
-    with contextlib.suppress(OSError):
-        write_atomically(_cache_path(directory), json.dumps(document).encode())
-
-
-def observe_files(inputs: Iterable[tuple[str, str]]) -> list[list[Any]]:
-    return [[kind, path, observe_file(kind, path)] for kind, path in inputs]
+    write_private(directory, CACHE_FILE, json.dumps(document).encode())
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -309,19 +182,26 @@ def _matching(entries: list[dict[str, Any]]) -> dict[str, Any] | None:
             seen[key] = observe_process(*key)
         if seen[key] != stored:
             continue
-        if all(observe_file(kind, path) == observed for kind, path, observed in entry["files"]):
+        if all(observe(kind, path) == observed for kind, path, observed in entry["files"]):
             return entry
     return None
 
 
 def _replayable_here(entry: dict[str, Any]) -> bool:
-    """What the stored inputs cannot tell: that no module to block is imported yet, and that no secret of
-    this process's environment appears in the stored record (it was redacted against another's). Only the
+    """What the stored inputs cannot tell: that no module to block is imported yet, that every library to
+    load is still trusted (trust.py: its path's owners and modes, checked again), and that no secret of this
+    process's environment appears in the stored record (it was redacted against another's). Only the
     variables the stages do not read (those are the same as the storing process's) whose values appear in
     it, few or none, are asked whether they are secrets."""
-    if any(sys.modules.get(module) is not None for module in entry["redo"]["block"]):
+    redo = entry["redo"]
+    if any(sys.modules.get(module) is not None for module in redo["block"]):
         return False
-    text, shortest, same = json.dumps(entry["verdict"]), entry["secret_min"], entry["process"]["env"]
+    if redo["load"]:
+        from .trust import path_problem
+
+        if any(path_problem(path) is not None for path, _, _ in redo["load"]):
+            return False
+    text, shortest, same = json.dumps(entry["record"]), entry["secret_min"], entry["process"]["env"]
     appearing = {k: v for k, v in os.environ.items() if k not in same and len(v) >= shortest and v in text}
     if not appearing:
         return True
@@ -346,26 +226,30 @@ def redo(plan: dict[str, Any]) -> bool:
     return True
 
 
-def replay(trigger: str) -> tuple[Verdict, str] | None:
-    """This process's verdict from the cache, written, done and logged, with the directory it was written
-    to; None where there is no matching verdict or it could not be replayed whole (a refused write changes
-    nothing; a library that does not load as it did leaves the rest to the full run, which writes this
-    process's record again)."""
+def for_process(document: dict[str, Any], trigger: str, **fields: Any) -> dict[str, Any]:
+    """A decided record as this process's: its pid, time and trigger, no record file yet."""
+    return {
+        **document,
+        "pid": os.getpid(),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "trigger": trigger,
+        "record_file": None,
+        **fields,
+    }
+
+
+def replay(trigger: str) -> Issued | None:
+    """This process's record from the cache, done and issued; None where there is no matching verdict or it
+    could not be replayed whole (a library that does not load as it did leaves the rest to the full run,
+    which issues this process's record)."""
     started = time.perf_counter()
-    directory = _private_dir_asked()
-    entry = _matching(_load(directory)) if directory else None
-    if entry is None or directory is None or not _replayable_here(entry):
+    directory = replay_directory()
+    entry = _matching(load_entries(directory)) if directory else None
+    if entry is None or directory is None or not _replayable_here(entry) or not redo(entry["redo"]):
         return None
-    stored = Verdict.from_json(entry["verdict"])
+    stored = entry["record"]
     elapsed = round((time.perf_counter() - started) * 1e3, 3)
-    verdict = stored.for_process(
-        trigger, replayed_from=stored.record["pid"], timings_ms={"replay": elapsed}, elapsed_ms=elapsed
+    document = for_process(
+        stored, trigger, replayed_from=stored["pid"], timings_ms={"replay": elapsed}, elapsed_ms=elapsed
     )
-    try:
-        written(verdict, directory)
-    except OSError:
-        return None
-    if not redo(entry["redo"]):
-        return None
-    announce(verdict)
-    return verdict, directory
+    return issue(document, directory, entry["log_format"])

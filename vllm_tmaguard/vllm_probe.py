@@ -8,6 +8,7 @@ import os
 import re
 from typing import NamedTuple
 
+from . import files
 from .catalogue import DRIVER_LIBRARY
 from .elf import ElfError, read_elf
 from .process import find_package_dir
@@ -51,11 +52,7 @@ class VllmFacts(NamedTuple):
 
 
 def _read_text(path: str) -> str | None:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as file:
-            return file.read()
-    except OSError:
-        return None
+    return files.read_text(path)
 
 
 def _dist_info_record(package_dir: str, version: str | None) -> str | None:
@@ -65,7 +62,7 @@ def _dist_info_record(package_dir: str, version: str | None) -> str | None:
         if record is not None:
             return record
     try:
-        names = [n for n in os.listdir(site) if n.startswith("vllm-") and n.endswith(".dist-info")]
+        names = [n for n in files.listdir(site) if n.startswith("vllm-") and n.endswith(".dist-info")]
     except OSError:
         return None
     return _read_text(os.path.join(site, names[0], "RECORD")) if len(names) == 1 else None
@@ -106,8 +103,8 @@ def package_version(package_dir: str) -> str | None:
 
 def extension_modules(package_dir: str) -> list[tuple[str, str]]:
     """(module, path) of every extension module in the package, whether or not it links libcuda.so.1."""
-    files = _extension_files(package_dir, package_version(package_dir))
-    return [(_module_name(package_dir, path), path) for path in files]
+    paths = _extension_files(package_dir, package_version(package_dir))
+    return [(_module_name(package_dir, path), path) for path in paths]
 
 
 def scan_extension(package_dir: str, path: str) -> Extension | None:

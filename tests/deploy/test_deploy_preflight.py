@@ -40,6 +40,7 @@ def preflight(rendered, tmp_path):
         '  echo "# vcuda: lacks cuTensorMapEncodeTiled"; [ "$FAKE_ENV_EXIT" = 0 ] || exit "$FAKE_ENV_EXIT"\n'
         '  mkdir -p "$3" && : > "$3/libcuda.so.1"; exit 0\n'
         "fi\n"
+        'echo "$@" > "$FAKE_DOCTOR_ARGS"\n'
         'cat "$FAKE_DOCTOR_JSON"; [ -z "${FAKE_DOCTOR_STDERR:-}" ] || echo "$FAKE_DOCTOR_STDERR" >&2\n'
         'exit "$FAKE_DOCTOR_EXIT"\n',
     )
@@ -48,6 +49,7 @@ def preflight(rendered, tmp_path):
     )
     report = {
         "status": "problems",
+        "saved": {"path": str(tmp_path / "records/doctor.json"), "error": None},
         "findings": [
             {"severity": "info", "title": "GPU-sharing layer: vcuda", "fix": None},
             {
@@ -69,6 +71,7 @@ def preflight(rendered, tmp_path):
             "FAKE_ENV_EXIT": str(env_exit),
             "FAKE_DOCTOR_EXIT": str(doctor_exit),
             "FAKE_DOCTOR_JSON": str(tmp_path / "doctor.json"),
+            "FAKE_DOCTOR_ARGS": str(tmp_path / "doctor.args"),
             "FAKE_DOCTOR_STDERR": stderr,
             "FAKE_VLLM_OUT": str(tmp_path / "vllm.out"),
             **({"PREFLIGHT_OVERLAY_DIR": str(tmp_path / "overlay")} if overlay else {}),
@@ -76,6 +79,7 @@ def preflight(rendered, tmp_path):
         }
         for stale in ("vllm.out", "termination-log"):
             (tmp_path / stale).unlink(missing_ok=True)
+        (tmp_path / "termination-log").write_text("")  # the kubelet's file: appended to, never created
         done = subprocess.run(
             ["/bin/sh", str(script), "Qwen/x", "--port=8000"],
             env=env,
@@ -85,9 +89,7 @@ def preflight(rendered, tmp_path):
             cwd=tmp_path,  # not the repository root: its source tree would be importable as the package
         )
         vllm = (tmp_path / "vllm.out").read_text().splitlines() if (tmp_path / "vllm.out").exists() else None
-        termination = (
-            (tmp_path / "termination-log").read_text() if (tmp_path / "termination-log").exists() else None
-        )
+        termination = (tmp_path / "termination-log").read_text() or None
         return done, vllm, termination
 
     return run
@@ -100,12 +102,13 @@ def test_preflight_installs_the_overlay_runs_the_doctor_and_execs_vllm(preflight
     done, vllm, termination = preflight()
     assert done.returncode == 0 and termination is None, done.stderr
     assert stat.S_IMODE((tmp_path / "records").stat().st_mode) == 0o700
-    assert stat.S_IMODE((tmp_path / "overlay").stat().st_mode) == 0o755
     assert vllm == [f"{tmp_path}/overlay:/usr/local/nvidia/lib64", "serve", "Qwen/x", "--port=8000"]
     assert (tmp_path / "overlay/libcuda.so.1").exists()
-    assert json.loads((tmp_path / "records/doctor.json").read_text())["status"] == "problems"
+    # The report is written by the doctor itself, through the guard's checks: never by a shell redirect.
+    assert (tmp_path / "doctor.args").read_text().split() == ["doctor", "--json", "--save"]
+    assert not (tmp_path / "records/doctor.json").exists()
     assert "tmaguard env: # vcuda: lacks cuTensorMapEncodeTiled" in done.stderr
-    assert "doctor: healthy" in done.stderr
+    assert f"doctor: healthy (report: {tmp_path}/records/doctor.json)" in done.stderr
     # Already first on the path (the manifest's LD_LIBRARY_PATH): not added twice.
     done, vllm, _ = preflight(LD_LIBRARY_PATH=f"{tmp_path}/overlay:/usr/local/nvidia/lib64")
     assert vllm[0] == f"{tmp_path}/overlay:/usr/local/nvidia/lib64"
@@ -126,14 +129,23 @@ def test_preflight_problems_are_logged_and_vllm_starts_unless_strict(preflight) 
     assert termination.startswith("tmaguard preflight (TMAGUARD_STRICT=1) stopped start-up: doctor: error: ")
     assert "Fix: Set TMAGUARD_MODE=auto." in termination
 
-    message = "error: TMAGUARD_GEMM='fast' is not valid; allowed: auto | hopper | portable | latency"
+    message = "error: argument --nvml-timeout: 'x' is not a number of seconds"
     done, vllm, termination = preflight(doctor_exit=2, strict="1", stderr=message)
     assert done.returncode == 1 and vllm is None and message in termination and message in done.stderr
+    assert "doctor could not run: usage error (exit 2)" in termination
+
+    message = "tmaguard doctor: internal error: KeyError: 'x'"
+    done, vllm, termination = preflight(doctor_exit=3, strict="1", stderr=message)
+    assert done.returncode == 1 and vllm is None and message in termination
+    assert "it failed itself (exit 3, not a diagnosis)" in termination
+    done, vllm, termination = preflight(doctor_exit=3, stderr=message)
+    assert done.returncode == 0 and vllm and termination is None and "doctor: error" not in done.stderr
 
     done, vllm, termination = preflight(env_exit=1, strict="1")
     assert done.returncode == 1 and vllm is None and "could not install the overlay" in termination
     done, vllm, termination = preflight(env_exit=1)
     assert done.returncode == 0 and vllm and termination is None
+    assert vllm[0] == "/usr/local/nvidia/lib64"  # a refused overlay directory is not put on the path
 
 
 def test_preflight_without_tmaguard_in_the_image(preflight, tmp_path) -> None:
@@ -188,6 +200,7 @@ def test_preflight_with_the_real_tmaguard_on_an_emulated_vcuda_pod(rendered, pod
     assert all(result["handle"].values()), result["handle"]
     assert f"installed {overlay_dir}/libcuda.so.1" in done.stderr
     assert json.loads((tmp_path / "records/doctor.json").read_text())["schema"] == "tmaguard.doctor/2"
+    assert f"(report: {tmp_path}/records/doctor.json)" in done.stderr
 
     # A restart of the container: the overlay is already first on the path; nothing to add, still works.
     again = subprocess.run(

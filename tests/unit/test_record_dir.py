@@ -34,7 +34,7 @@ def _file(path: Path) -> Path:
     [
         (_everyone, "has mode 0777: everyone can enter it; it must be 0700 (this user's alone)"),
         (_group, "has mode 0770"),
-        (_file, "is a file, not a directory"),
+        (_file, "is a regular file, not a directory"),
     ],
 )
 def test_refusal_says_why_and_where_records_go_instead(tmp_path: Path, make, why: str) -> None:

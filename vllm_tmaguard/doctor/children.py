@@ -12,6 +12,7 @@ import sys
 import time
 from typing import Any
 
+from .. import files
 from .constants import RESULT_TAG
 
 DEFAULT_NVML_TIMEOUT = 5.0
@@ -95,16 +96,10 @@ SHIM_SOURCES = {
 def run_active(timeout: float, nvml_timeout: float = DEFAULT_NVML_TIMEOUT) -> dict[str, Any]:
     """NVML (the pod's libnvidia-ml.so.1: in a vCUDA pod the layer itself), then the plain and the guarded
     CUDA check (child.py), one child process each, one after the other."""
-    import shutil  # only --active needs these: the passive doctor's start-up stays short
-    import tempfile
-
     nvml, nvml_run = ChildRun.start("nvml", {}, nvml_timeout).collect()
     plain, plain_run = ChildRun.start("plain", {}, timeout).collect()
-    record_dir = tempfile.mkdtemp(prefix="tmaguard-doctor-")
-    try:
+    with files.scratch_directory("tmaguard-doctor-") as record_dir:
         guarded, guarded_run = ChildRun.start("guarded", {"record_dir": record_dir}, timeout).collect()
-    finally:
-        shutil.rmtree(record_dir, ignore_errors=True)
     binding = (guarded or {}).get("binding")
     if binding and binding.get("shim_source") is not None:
         binding["shim_source_means"] = SHIM_SOURCES.get(binding["shim_source"], "unknown")

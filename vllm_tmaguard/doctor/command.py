@@ -7,14 +7,21 @@ import argparse
 import os
 import sys
 import time
+from typing import Any
 
+from ..codes import EXIT_INTERNAL
+from ..files import write_private
+from ..line import printable
 from ..redaction import redact
+from ..store import open_record_dir
 from ..toggles import read_toggles
 from .children import DEFAULT_ACTIVE_TIMEOUT, DEFAULT_NVML_TIMEOUT
 from .constants import SCHEMA
 from .findings import conclude
 from .gather import gather
 from .render import render_json, render_text
+
+REPORT_FILE = "doctor.json"
 
 
 def _seconds(minimum: float):  # type: ignore[no-untyped-def]
@@ -41,10 +48,17 @@ def parser() -> argparse.ArgumentParser:
         prog="tmaguard doctor",
         description="Why vLLM fails (or would fail) on this pod, and the exact fix. Passive by default: no "
         "torch or vLLM import, no CUDA context, no NVML (the GPUs from /proc/driver/nvidia).",
-        epilog="Exit status: 0 healthy, 1 problems found (a bad TMAGUARD_* value too), 2 usage error.",
+        epilog="Exit status: 0 healthy, 1 problems found (a bad TMAGUARD_* value, a damaged record file "
+        "too), 2 usage error, 3 the doctor itself failed (never a diagnosis).",
     )
     command.add_argument(
         "--json", dest="as_json", action="store_true", help=f"print the report as JSON ({SCHEMA})"
+    )
+    command.add_argument(
+        "--save",
+        action="store_true",
+        help=f"also write the JSON report to {REPORT_FILE} in the guard's record directory (as the guard "
+        "writes its records: only into a directory that is this user's alone, never through a link)",
     )
     command.add_argument(
         "--active",
@@ -77,28 +91,68 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
-    """`tmaguard doctor ARGS`; returns the exit status."""
+    """`tmaguard doctor ARGS`; returns the exit status (codes.EXIT_*)."""
     args = parser().parse_args(argv)  # exits 2 on a usage error
+    try:
+        report = _report(args)
+        if args.save:
+            report["saved"] = _save(report)
+        if args.as_json:
+            sys.stdout.write(render_json(report))
+        else:
+            render_text(printable_strings(report))
+    except Exception as error:  # a bug of ours: one clear line, and a status no finding has
+        message = printable(redact(f"tmaguard doctor: internal error: {type(error).__name__}: {error}"))
+        print(message, file=sys.stderr)
+        if args.as_json:
+            failed = {
+                "schema": SCHEMA,
+                "status": "internal-error",
+                "exit_code": EXIT_INTERNAL,
+                "error": message,
+            }
+            sys.stdout.write(render_json(failed))
+        return EXIT_INTERNAL
+    return report["exit_code"]
+
+
+def _report(args: argparse.Namespace) -> dict[str, Any]:
     toggles, toggle_problems = read_toggles(os.environ)  # a bad one is a finding, as the guard falls back
     started = time.perf_counter()
-    try:
-        gathered = gather(
-            os.environ,
-            toggles,
-            nvml_timeout=args.nvml_timeout,
-            vllm_dir=args.vllm_dir,
-            active=args.active,
-            active_timeout=args.active_timeout,
-        )
-        gathered["toggle_problems"] = [problem.to_json() for problem in toggle_problems]
-        report = conclude(gathered)
-    except Exception as error:  # a bug of ours: one clear line, not a traceback
-        print(redact(f"tmaguard doctor: internal error: {type(error).__name__}: {error}"), file=sys.stderr)
-        return 1
+    gathered = gather(
+        os.environ,
+        toggles,
+        nvml_timeout=args.nvml_timeout,
+        vllm_dir=args.vllm_dir,
+        active=args.active,
+        active_timeout=args.active_timeout,
+    )
+    gathered["toggle_problems"] = [problem.to_json() for problem in toggle_problems]
+    report = conclude(gathered)
     report["elapsed_ms"] = round((time.perf_counter() - started) * 1e3, 1)
-    report = redact(report)  # it quotes paths, records and child processes' output: no secrets in it
-    if args.as_json:
-        sys.stdout.write(render_json(report))
-    else:
-        render_text(report)
-    return report["exit_code"]
+    return redact(report)  # it quotes paths, records and child processes' output: no secrets in it
+
+
+def _save(report: dict[str, Any]) -> dict[str, Any]:
+    """doctor.json in the guard's own private directory, judged and written as the guard writes its records
+    (store.py, files.py): never through a link, never into another user's directory."""
+    toggles, _ = read_toggles(os.environ)
+    records = open_record_dir(toggles.record_dir)
+    if records.path is None:
+        return {"path": None, "error": records.refused}
+    try:
+        path = write_private(records.path, REPORT_FILE, render_json(report).encode())
+    except OSError as error:
+        return {"path": None, "error": str(error)}
+    return {"path": path, "error": None}
+
+
+def printable_strings(value: Any) -> Any:
+    """The report with every string printable on any stream (line.printable)."""
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, dict):
+        return {key: printable_strings(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [printable_strings(item) for item in value]
+    return value

@@ -3,15 +3,17 @@
 
 from __future__ import annotations
 
-import json
+import contextlib
 import os
 import site
 import time
 from collections.abc import Mapping
 from typing import Any
 
-from .. import __version__
+from .. import __version__, files
 from ..catalogue import SHIM_FILES, overlay_path, shim_path
+from ..issue import LAST_RECORD
+from ..record_shape import SCHEMA, why_not_a_record
 from ..store import record_dir_to_read
 from ..supply import Supply
 
@@ -40,15 +42,14 @@ def guard_hooks(
     site = os.path.realpath(os.path.dirname(package_dir))
     entry_point = None
     try:
-        infos = [n for n in os.listdir(site) if n.startswith("vllm_tmaguard-") and n.endswith(".dist-info")]
+        names = files.listdir(site)
+        infos = [n for n in names if n.startswith("vllm_tmaguard-") and n.endswith(".dist-info")]
     except OSError:
         infos = []
     for info in infos:
-        try:
-            with open(os.path.join(site, info, "entry_points.txt")) as file:
-                entry_point = "[vllm.platform_plugins]" in file.read()
-        except OSError:
-            continue
+        text = files.read_text(os.path.join(site, info, "entry_points.txt"), 1 << 20)
+        if text is not None:
+            entry_point = "[vllm.platform_plugins]" in text
     plugins_filter = environ.get("VLLM_PLUGINS")
     filtered = plugins_filter is not None and "tmaguard" not in [p.strip() for p in plugins_filter.split(",")]
     pth = site in _site_dirs() and os.path.exists(os.path.join(site, "vllm_tmaguard.pth"))
@@ -78,20 +79,31 @@ def guard_hooks(
 
 
 def read_record(asked_dir: str) -> dict[str, Any]:
-    """The guard's last record where the guard put it for TMAGUARD_RECORD_DIR=`asked_dir` (store.py)."""
+    """The guard's last record where the guard put it for TMAGUARD_RECORD_DIR=`asked_dir` (store.py), read
+    through the door (no link followed, no blocking, bounded) and checked against the record's schema
+    (record_shape.py): `error` says why a file there is not a record; a record of another schema is kept
+    as its schema number alone."""
     where = record_dir_to_read(asked_dir)
-    path = os.path.join(where.path or asked_dir, "last.json")
+    path = os.path.join(where.path, LAST_RECORD) if where.path else None
     out: dict[str, Any] = {
         "path": path, "asked": asked_dir, "refused": where.refused,
         "found": False, "age_s": None, "error": None, "record": None,
     }  # fmt: skip
+    if where.path is None or path is None:
+        return out
     try:
-        with open(path) as file:
-            out["record"] = json.load(file)
-        out["found"] = True
-        out["age_s"] = round(time.time() - os.stat(path).st_mtime, 1)
+        document = files.parse_json(files.read_private(where.path, LAST_RECORD), path)
     except FileNotFoundError:
-        pass
+        return out
     except (OSError, ValueError) as error:
-        out["error"] = f"{type(error).__name__}: {error}"
+        out["error"] = str(error)
+        return out
+    schema = document.get("schema") if isinstance(document, dict) else None
+    why = None if isinstance(schema, int) and schema != SCHEMA else why_not_a_record(document)
+    if why is not None:
+        out["error"] = f"{path} {why}"
+        return out
+    out.update(found=True, record=document if schema == SCHEMA else {"schema": schema})
+    with contextlib.suppress(OSError):
+        out["age_s"] = round(time.time() - os.lstat(path).st_mtime, 1)
     return out

@@ -7,6 +7,7 @@ import os
 from typing import Any
 
 from ...codes import ROUTING_IMPOSSIBLE, ROUTING_OVERRIDE, TOGGLE_INVALID, TOGGLE_UNKNOWN
+from ...files import default_record_dir
 from .base import finding, fix
 
 
@@ -95,20 +96,27 @@ def guard_findings(report: dict[str, Any]) -> list[dict[str, Any]]:
                     fix=fix("Reinstall vllm-tmaguard from a wheel (or with a C compiler present)."),
                 )
             )
-    record = report["record"]
+    findings += record_file_findings(report["record"], report["libcuda"]["path"])
+    return findings
+
+
+def record_file_findings(record: dict[str, Any], libcuda: str | None) -> list[dict[str, Any]]:
+    """Where the guard's records go and what the last one says; a file there that is not a record is a
+    finding with its fix, never a failure of the doctor."""
+    findings = []
     if record["refused"]:
-        where = os.path.dirname(record["path"])
-        found = "" if record["found"] else f"; no record there either ({record['path']})"
+        where = os.path.dirname(record["path"]) if record["path"] else None
+        default = record["asked"] == default_record_dir()
+        which = "the default record directory" if default else "TMAGUARD_RECORD_DIR"
+        falls_back = f"The guard falls back to {where}." if where else "The guard writes no record anywhere."
         findings.append(
             finding(
                 "record-dir-refused",
                 "warning",
-                "The guard refuses TMAGUARD_RECORD_DIR and writes its records elsewhere",
-                f"{record['refused']}. The guard falls back to {where}{found}.",
+                f"The guard refuses {which} (it is not this user's alone)",
+                f"{record['refused']}. {falls_back}",
                 subject=record["asked"],
-                fix=fix(
-                    "Point TMAGUARD_RECORD_DIR at a directory only this user can enter (0700), or unset it."
-                ),
+                fix=fix(_private_dir_fix(record["asked"], default)),
             )
         )
     if record["error"]:
@@ -116,11 +124,16 @@ def guard_findings(report: dict[str, Any]) -> list[dict[str, Any]]:
             finding(
                 "record-unreadable",
                 "warning",
-                "The guard's last record cannot be read",
-                f"{record['path']}: {record['error']}",
+                "A file where the guard keeps its last record is not a record it wrote",
+                record["error"],
+                subject=record["path"],
+                fix=fix(
+                    f"Remove {record['path']}: the next vLLM process writes a new record there (if another "
+                    "user keeps making it, set TMAGUARD_RECORD_DIR to a directory only this user can enter)."
+                ),
             )
         )
-    elif not record["found"]:
+    elif record["path"] is not None and not record["found"]:
         findings.append(
             finding(
                 "record-missing",
@@ -132,9 +145,18 @@ def guard_findings(report: dict[str, Any]) -> list[dict[str, Any]]:
                 "has its own /tmp).",
             )
         )
-    else:
-        findings += _record_findings(record, report["libcuda"]["path"])
+    elif record["found"]:
+        findings += _record_findings(record, libcuda)
     return findings
+
+
+def _private_dir_fix(asked: str, default: bool) -> str:
+    if default:
+        return (
+            f"Remove {asked} (another user may have made it) or set TMAGUARD_RECORD_DIR to a directory only "
+            "this user can enter (0700)."
+        )
+    return "Point TMAGUARD_RECORD_DIR at a directory only this user can enter (0700), or unset it."
 
 
 def _record_findings(record: dict[str, Any], libcuda: str | None) -> list[dict[str, Any]]:

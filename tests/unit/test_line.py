@@ -1,6 +1,7 @@
-"""The record's one line, rendered from its fields (record.py): within the limit, the outcome and the first
-problem's cause and fix always kept, the routing phrase and the record's place dropped first. The case that
-surfaces later as CUBLAS_STATUS_NOT_INITIALIZED (shims where the overlay was needed) is the worst one."""
+"""The record's one line, rendered from its document's fields (line.py): within the limit, the outcome
+and the first problem's cause and fix always kept, the routing phrase and the record's place dropped first.
+The case that surfaces later as CUBLAS_STATUS_NOT_INITIALIZED (shims where the overlay was needed) is the
+worst one."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from facts_kit import REAL_DRIVER, VCUDA, driver, facts
 from vllm_tmaguard.actions import apply_routing, apply_supply
 from vllm_tmaguard.gpu import Gpu, GpuFacts
 from vllm_tmaguard.layers import Layer
-from vllm_tmaguard.record import MESSAGE_LIMIT, assemble, level_of, render_line
+from vllm_tmaguard.line import MESSAGE_LIMIT, level_of, render
+from vllm_tmaguard.record import assemble
 from vllm_tmaguard.routing import plan_routing
 from vllm_tmaguard.supply import plan_supply
 from vllm_tmaguard.toggles import Toggles
@@ -51,20 +53,20 @@ CASES = {
 @pytest.mark.parametrize("name", CASES)
 def test_line_keeps_the_outcome_and_the_first_problems_cause_and_fix(name: str) -> None:
     record = CASES[name]
-    line = render_line(record)
+    line = render(record.to_json())
     assert len(line) <= MESSAGE_LIMIT, len(line)
     assert line.startswith(f"tmaguard: {record.summary[:60]}")
     if record.problems:
         first = record.problems[0]
         assert f"PROBLEM{f' ({len(record.problems)})' if len(record.problems) > 1 else ''}: " in line
         assert first.cause[:40] in line and f"fix: {first.fix[:60]}" in line
-        assert level_of(record) == "warning"
+        assert level_of(record.to_json()) == "warning"
     else:
-        assert level_of(record) == "info" and "details: tmaguard doctor" in line
+        assert level_of(record.to_json()) == "info" and "details: tmaguard doctor" in line
 
 
 def test_the_shim_case_names_the_cause_and_the_fix() -> None:
-    line = render_line(CASES["vCUDA mapped before the guard, shims"])
+    line = render(CASES["vCUDA mapped before the guard, shims"].to_json())
     assert "shims would be loaded (encoders)" in line
     assert "was already loaded when the guard ran" in line and "fix: put the overlay first" in line
 

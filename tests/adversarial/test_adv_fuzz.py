@@ -1,0 +1,169 @@
+"""Every file the package reads back, fuzzed (hypothesis): the record (last.json, as the doctor and
+`tmaguard record` read it), the verdict cache, the vLLM scan cache, and the kernel module's /proc files. The
+readers are the package's own, run in this process on files written as a co-tenant, a crash or a bug could
+leave them; each must answer (a value, a miss, a finding), never raise, and never hand on a value of the
+wrong shape. The documents mutated are real ones: written by the guard's own full run on an emulated pod."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from vllm_tmaguard import files, gpu, scan_cache, verdict
+from vllm_tmaguard.doctor.hooks import read_record
+from vllm_tmaguard.record_shape import why_not_a_record
+
+FUZZ = settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@pytest.fixture(scope="module")
+def written(pods, tmp_path_factory) -> dict[str, Any]:
+    """The guard's own files from one full run on an emulated vCUDA pod: last.json, verdicts.json, the scan
+    cache."""
+    import subprocess
+    import sys
+
+    from podkit import child_environ
+
+    pod = pods("vcuda", cc="9.0")
+    records = tmp_path_factory.mktemp("fuzz-records")
+    env = child_environ(pod, records / "r")
+    subprocess.run(
+        [sys.executable, "-c", "from vllm_tmaguard.guard import activate; activate('fuzz')"],
+        env=env, check=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+    directory = records / "r"
+    (scan,) = directory.glob("vllm-scan-*.json")
+    return {
+        "last": json.loads((directory / "last.json").read_text()),
+        "verdicts": json.loads((directory / "verdicts.json").read_text()),
+        "scan": json.loads(scan.read_text()),
+        "scan_name": scan.name,
+        "package_dir": json.loads(scan.read_text())["package_dir"],
+    }
+
+
+def mutated(document: Any, data: st.DataObject) -> Any:
+    """`document` with one of its values (at any depth) replaced, removed or retyped."""
+    if isinstance(document, dict) and document:
+        key = data.draw(st.sampled_from(sorted(document)))
+        how = data.draw(st.sampled_from(["replace", "remove", "descend"]))
+        if how == "remove":
+            return {k: v for k, v in document.items() if k != key}
+        value = data.draw(JSON) if how == "replace" else mutated(document[key], data)
+        return {**document, key: value}
+    if isinstance(document, list) and document:
+        index = data.draw(st.integers(0, len(document) - 1))
+        return [*document[:index], mutated(document[index], data), *document[index + 1 :]]
+    return data.draw(JSON)
+
+
+def private_dir(tmp_path: Path, name: str) -> Path:
+    directory = tmp_path / name
+    directory.mkdir(mode=0o700, exist_ok=True)
+    directory.chmod(0o700)
+    return directory
+
+
+def put(directory: Path, name: str, data: bytes) -> None:
+    path = directory / name
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as file:
+        file.write(data)
+
+
+def deep(depth: int) -> bytes:
+    return b"[" * depth + b"]" * depth
+
+
+@FUZZ
+@given(data=st.data())
+def test_the_doctor_reads_any_last_json(written, tmp_path, data) -> None:
+    directory = private_dir(tmp_path, "doctor")
+    document = data.draw(st.sampled_from(["mutated", "json", "bytes", "deep"]))
+    if document == "mutated":
+        content = json.dumps(mutated(written["last"], data)).encode()
+    elif document == "json":
+        content = json.dumps(data.draw(JSON)).encode()
+    elif document == "deep":
+        content = deep(data.draw(st.integers(900, 200_000)))
+    else:
+        content = data.draw(st.binary(max_size=300))
+    put(directory, "last.json", content)
+    found = read_record(str(directory))
+    assert found["found"] != bool(found["error"]) or not found["found"]
+    if found["found"] and found["record"].get("schema") == 2:
+        assert why_not_a_record(found["record"]) is None
+    if found["error"]:
+        assert str(directory / "last.json") in found["error"]
+
+
+@FUZZ
+@given(data=st.data())
+def test_the_verdict_cache_reads_any_file(written, tmp_path, data) -> None:
+    directory = private_dir(tmp_path, "verdicts")
+    if data.draw(st.booleans()):
+        content = json.dumps(mutated(written["verdicts"], data)).encode()
+    else:
+        content = data.draw(st.sampled_from([deep(100_000), b"", b"{", b"[]", b'{"format": 2}']))
+    put(directory, verdict.CACHE_FILE, content)
+    entries = verdict.load_entries(str(directory))
+    assert isinstance(entries, list) and all(verdict._shaped(entry) for entry in entries)
+    verdict._matching(entries)  # compares without raising, whatever the shapes inside
+
+
+@FUZZ
+@given(data=st.data())
+def test_the_scan_cache_reads_any_file(written, tmp_path, data) -> None:
+    directory = private_dir(tmp_path, "scan")
+    if data.draw(st.booleans()):
+        content = json.dumps(mutated(written["scan"], data)).encode()
+    else:
+        content = data.draw(st.sampled_from([deep(100_000), b"[]", b"null", b"\xff\xfe"]))
+    put(directory, written["scan_name"], content)
+    facts = scan_cache.load(str(directory), written["package_dir"])
+    if facts is not None:
+        assert all(isinstance(symbol, str) for e in facts.extensions for symbol in e.driver_symbols)
+        assert isinstance(facts.platform_plugins, bool)
+
+
+@FUZZ
+@given(version=st.binary(max_size=400), information=st.binary(max_size=400), minor=st.text(max_size=4))
+def test_the_gpus_from_any_proc_files(tmp_path_factory, version, information, minor) -> None:
+    root = tmp_path_factory.mktemp("proc")
+    proc = root / "proc/driver/nvidia"
+    (proc / "gpus/0000:01:00.0").mkdir(parents=True)
+    (proc / "version").write_bytes(version)
+    (proc / "gpus/0000:01:00.0/information").write_bytes(information + f"\nDevice Minor: {minor}\n".encode())
+    (root / "dev").mkdir()
+    (root / "dev/nvidia0").write_bytes(b"")
+    facts = gpu.probe_gpus(str(root))
+    assert all(isinstance(g.name, str) for g in facts.gpus)
+
+
+def test_a_proc_file_that_is_a_fifo_or_endless_is_refused(tmp_path) -> None:
+    """The door's bound and type check on a system file: a FIFO is not opened for reading as a file, and a
+    file longer than the cap is refused, not read into memory."""
+    fifo = tmp_path / "version"
+    os.mkfifo(fifo)
+    with pytest.raises(files.Refused, match="FIFO"):
+        files.read_bytes(str(fifo))
+    big = tmp_path / "big"
+    big.write_bytes(b"x" * 2048)
+    with pytest.raises(files.Refused, match="more than the 1024"):
+        files.read_bytes(str(big), 1024)
+    assert gpu.probe_gpus(str(tmp_path)).gpus == ()
