@@ -45,5 +45,5 @@ def test_subcommand_options_read_cleanly(command: str, option: str) -> None:
 
 def test_doctor_help_is_argparse_with_metavars() -> None:
     text = show_help("doctor")
-    assert text.startswith("usage: tmaguard doctor [-h] [--json] [--active] [--nvml-timeout SECONDS]")
+    assert text.startswith("usage: tmaguard doctor [-h] [--json] [--save] [--active] [--nvml-timeout")
     assert "<bool>" not in text and "Exit status: 0 healthy" in text

@@ -237,7 +237,9 @@ os.waitpid(pid, 0)
 
 def test_a_replay_imports_none_of_the_full_runs_modules(pods, run_python) -> None:
     """What keeps it cheap in every process (bench/guard_cost.py measures the time). Redaction's only where
-    a variable the stages do not read has a value that shows in the record (here the stand-ins' GPU name)."""
+    a variable the stages do not read has a value that shows in the record (here the stand-ins' GPU name);
+    the trust check only where the verdict loads a library (here the overlay: checked again before it is
+    loaded)."""
     pod = pods("vcuda", cc="9.0")
     run_python(pod, SAYS_PID + RESOLVE_PLATFORM)
     code = "import sys\nfrom vllm_tmaguard.guard import activate\nactivate('test')\n" + (
@@ -246,7 +248,8 @@ def test_a_replay_imports_none_of_the_full_runs_modules(pods, run_python) -> Non
     later = run_python(pod, code)
     assert set(later.result) <= {
         "vllm_tmaguard", "vllm_tmaguard._import_hook", "vllm_tmaguard.files", "vllm_tmaguard.guard",
-        "vllm_tmaguard.process", "vllm_tmaguard.verdict", "vllm_tmaguard.redaction",
+        "vllm_tmaguard.process", "vllm_tmaguard.verdict", "vllm_tmaguard.redaction", "vllm_tmaguard.codes",
+        "vllm_tmaguard.issue", "vllm_tmaguard.line", "vllm_tmaguard.trust",
     }  # fmt: skip
-    assert "vllm_tmaguard.verdict" in later.result
+    assert {"vllm_tmaguard.verdict", "vllm_tmaguard.trust"} <= set(later.result)
     assert os.path.exists(later.record_dir / "verdicts.json")

@@ -5,7 +5,7 @@ lists, creates or renames a file; what it checks, it checks here, once:
   - never reads without a bound: every read has a size cap (Refused past it);
   - the private directory (the guard's records and caches): opened without following a link, its owner
     (this user) and mode (0700) checked on the open descriptor, every file in it reached from that
-    descriptor without following a link, owned by this user and closed to others;
+    descriptor without following a link, owned by this user and writable by nobody else;
   - writes are atomic: a temporary file named with the pid and randomness (two processes of one pid in two
     PID namespaces share a directory), created exclusively, renamed over the target; temporary files a
     killed process left behind are removed by later writers;
@@ -160,6 +160,12 @@ def stat(path: str) -> os.stat_result | None:
         return None
     _note("stat", path, observation("stat", info))
     return info
+
+
+def is_directory(path: str) -> bool:
+    """Whether `path` is a directory (links followed), noted by its stat."""
+    info = stat(path)
+    return info is not None and stat_module.S_ISDIR(info.st_mode)
 
 
 def seen(path: str) -> list[Any]:
@@ -371,8 +377,8 @@ def directory(path: str, private: bool = True, *, at: int | None = None) -> Iter
 
 
 def read_private(directory_path: str, name: str, limit: int = PRIVATE_JSON_LIMIT) -> bytes:
-    """A file of the private directory: not a link, a regular file, this user's, closed to others, at most
-    `limit` bytes. Raises OSError (Refused when any of that is not so)."""
+    """A file of the private directory: not a link, a regular file, this user's, writable by nobody else, at
+    most `limit` bytes. Raises OSError (Refused when any of that is not so)."""
     with directory(directory_path) as dir_fd:
         path = os.path.join(directory_path, name)
         try:
@@ -383,10 +389,10 @@ def read_private(directory_path: str, name: str, limit: int = PRIVATE_JSON_LIMIT
             raise
         try:
             info = os.fstat(fd)
-            if info.st_uid != os.geteuid() or info.st_mode & 0o077:
+            if info.st_uid != os.geteuid() or info.st_mode & 0o022:
                 raise Refused(
                     path, f"belongs to uid {info.st_uid} with mode {stat_module.S_IMODE(info.st_mode):04o}: "
-                    f"not this user's alone (uid {os.geteuid()}, 0600)",
+                    f"not this user's alone (uid {os.geteuid()}, writable by nobody else)",
                 )  # fmt: skip
             return _read_all(fd, path, limit)
         finally:

@@ -67,11 +67,11 @@ def run(trigger: str) -> Issued | None:
     clock = _Clock()
     process = observe_process(DRIVER_LIBRARY, ENV_NAMES, ENV_PREFIXES)  # before the stages change anything
     environ = watched_environ(os.environ)
-    toggles, toggle_problems = read_toggles(environ)
-    if toggles.mode == "off":
-        log("debug", "tmaguard: TMAGUARD_MODE=off, doing nothing")
-        return None
     with files.noting() as notes:
+        toggles, toggle_problems = read_toggles(environ)
+        if toggles.mode == "off":
+            log("debug", "tmaguard: TMAGUARD_MODE=off, doing nothing")
+            return None
         record, records, facts = _decide(trigger, environ, toggles, toggle_problems, clock)
     issued = issue(record.to_json(), records.path, toggles.log_format)
     stop = stop_for(issued.document["problems"], toggles.strict, toggles.gemm)

@@ -27,7 +27,7 @@ def _signature(paths: list[str]) -> list[Any]:
 
 
 def _cache_name(package_dir: str) -> str:
-    return f"vllm-scan-{hashlib.sha256(os.path.realpath(package_dir).encode()).hexdigest()[:16]}.json"
+    return f"vllm-scan-{hashlib.sha256(files.realpath(package_dir).encode()).hexdigest()[:16]}.json"
 
 
 def _watched(package_dir: str, extensions: list[str]) -> list[str]:

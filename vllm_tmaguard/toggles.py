@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import NamedTuple
 
 from .codes import TOGGLE_INVALID, TOGGLE_UNKNOWN
-from .files import default_record_dir
+from .files import default_record_dir, is_directory
 from .outcomes import Problem
 
 
@@ -121,7 +121,7 @@ def _directory(environ: Mapping[str, str], name: str, default: str, must_exist: 
         return default
     if not os.path.isabs(raw):
         raise ToggleError(name, raw, "an absolute directory path")
-    if must_exist and not os.path.isdir(raw):
+    if must_exist and not is_directory(raw):
         raise ToggleError(name, raw, "an existing directory")
     return raw
 

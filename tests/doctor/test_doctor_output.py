@@ -92,7 +92,8 @@ def test_console_script_and_help(pods) -> None:
     usage = " ".join(done.stdout.split())
     assert (
         done.returncode == 0
-        and "Exit status: 0 healthy, 1 problems found (a bad TMAGUARD_* value too)" in usage
+        and "Exit status: 0 healthy, 1 problems found (a bad TMAGUARD_* value, a damaged record file too), "
+        "2 usage error, 3 the doctor itself failed (never a diagnosis)" in usage
     )
     done = subprocess.run([str(script), "doctor", "--json"], env=env, capture_output=True, text=True)
     assert done.returncode == 0 and json.loads(done.stdout)["schema"] == "tmaguard.doctor/2"
