@@ -7,13 +7,22 @@ from pathlib import Path
 
 import pytest
 
-from vllm_tmaguard.routing_table import KERNELS, TABLES, table_for
+from vllm_tmaguard.routing_table import TABLES, table_for
 
 SELECTORS = (Path(__file__).parent / "versions" / "probe.py").read_text()  # vLLM's real selectors
 H100 = {"gpu_name": "NVIDIA H100 80GB HBM3", "cc": "9.0"}
-# Paths that run TMA kernels (need a real encoder) on sm_90.
-TMA_ON_HOPPER = {name for name, kernel in KERNELS.items() if 9 in kernel.tma_majors}
-SM90A_ONLY = {name for name, kernel in KERNELS.items() if kernel.sm90a_only}
+# The oracles below are read from vLLM 0.32.0's own sources (docs/research/vllm_tma_paths.md), not from the
+# guard's routing table: a wrong table entry fails these tests instead of agreeing with itself.
+# Linear kernels that encode no tensor map: Marlin's cp.async GEMMs (csrc/quantization/marlin), the FP8
+# paths that call torch._scaled_mm (cuBLASLt), and Triton's.
+NO_TMA = {
+    "MarlinLinearKernel", "MarlinFP8ScaledMMLinearKernel", "PerTensorTorchFP8ScaledMMLinearKernel",
+    "ChannelWiseTorchFP8ScaledMMLinearKernel", "RowWiseTorchFP8ScaledMMLinearKernel",
+    "BlockWiseTorchFP8ScaledMMLinearKernel", "TritonFP8ScaledMMLinearKernel", "TritonFp8BlockScaledMMKernel",
+}  # fmt: skip
+# Built for sm_90a alone, and gated by vLLM to compute capability 9.0 exactly
+# (quantization/kernels/mixed_precision/machete.py and cutlass.py: is_device_capability(90)).
+SM90A_ONLY = {"MacheteLinearKernel", "CutlassW4A8LinearKernel"}
 
 
 def selectors(run_python, pod, **env: str) -> tuple[dict, dict]:
@@ -42,7 +51,7 @@ def test_h100_without_reachable_encoder_routes_everything_off_tma(pods, run_pyth
     result, record = selectors(run_python, pods("lupine", **H100))
     assert result["w4a16"] == "MarlinLinearKernel"
     assert result["fa"] == 2
-    assert {result["w4a16"], result["fp8"], result["fp8_block"]}.isdisjoint(TMA_ON_HOPPER)
+    assert {result["w4a16"], result["fp8"], result["fp8_block"]} <= NO_TMA
     assert result["env"]["VLLM_USE_DEEP_GEMM"] == "0" and result["env"]["VLLM_MOE_USE_DEEP_GEMM"] == "0"
     assert record["tma"]["usable"] is False
     assert families(record) == {
@@ -94,7 +103,7 @@ def test_gemm_latency_picks_marlin_for_w4a16_only(pods, run_python) -> None:
 def test_gemm_portable_forces_cp_async_paths_even_with_an_encoder(pods, run_python) -> None:
     result, _ = selectors(run_python, pods("bare", **H100), TMAGUARD_GEMM="portable")
     assert result["w4a16"] == "MarlinLinearKernel" and result["fa"] == 2
-    assert {result["fp8"], result["fp8_block"]}.isdisjoint(TMA_ON_HOPPER)
+    assert {result["fp8"], result["fp8_block"]} <= NO_TMA
 
 
 def test_gemm_hopper_and_auto_keep_the_tma_path_on_a_complete_driver(pods, run_python) -> None:

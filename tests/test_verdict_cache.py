@@ -215,24 +215,29 @@ def test_a_cache_file_that_is_not_ours_alone_is_ignored(pods, run_python, tmp_pa
 
 
 def test_a_forked_child_of_a_replaying_process_records_itself(pods, run_python) -> None:
+    """The parent replays; its forked child issues its own record naming the parent's pid (taken by the
+    parent itself before the fork, not from what the guard returned)."""
     pod = pods("vcuda", cc="9.0")
-    run_python(pod, SAYS_PID + RESOLVE_PLATFORM)
+    first = run_python(pod, SAYS_PID + RESOLVE_PLATFORM)
     code = """
 import json, os
 from vllm_tmaguard.guard import activate
-parent = activate("test")
+parent = os.getpid()
+activate("test")
 pid = os.fork()
 if pid == 0:
-    child = activate("test")
-    print("RESULT " + json.dumps({"child": child["pid"], "forked_from": child["forked_from"]}), flush=True)
+    activate("test")
+    print("RESULT " + json.dumps({"parent": parent, "child": os.getpid()}), flush=True)
     os._exit(0)
 os.waitpid(pid, 0)
 """
     later = run_python(pod, code)
-    child = later.record_of(later.result["child"])
-    assert child["forked_from"] == later.result["forked_from"] and child["replayed_from"] is None
-    assert child["record_file"] == str(later.record_dir / f"process-{child['pid']}.json")
-    assert len(later.guard_lines()) == 2
+    parent_pid, child_pid = later.result["parent"], later.result["child"]
+    assert child_pid != parent_pid
+    parent, child = later.record_of(parent_pid), later.record_of(child_pid)
+    assert parent["replayed_from"] == record(first)["pid"] and parent["forked_from"] is None
+    assert child["forked_from"] == parent_pid and child["replayed_from"] is None
+    assert child["outcome"] == parent["outcome"] and child["actions"] == parent["actions"]
 
 
 def test_a_replay_imports_none_of_the_full_runs_modules(pods, run_python) -> None:

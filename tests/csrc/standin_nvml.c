@@ -99,9 +99,13 @@ static void load_config(void) {
 }
 
 static nvmlReturn_t do_init(void) {
-    if (strcmp(env_or("STANDIN_NVML_HANG", "0"), "1") == 0)
+    if (strcmp(env_or("STANDIN_NVML_HANG", "0"), "1") == 0) {
+        /* Said once, then blocked for good: a test sees the caller arrive here, then its state. */
+        fputs("standin-nvml: nvmlInit hangs\n", stderr);
+        fflush(stderr);
         for (;;)
             sleep(3600);
+    }
     const char *fail = getenv("STANDIN_NVML_FAIL");
     if (fail && *fail) {
         char *end;

@@ -12,11 +12,31 @@ def test_defaults_when_unset() -> None:
     assert toggles.record_dir.startswith("/tmp/tmaguard-")
 
 
-@pytest.mark.parametrize("name", [spec.name for spec in TOGGLES if spec.allowed])
-def test_every_allowed_value_parses(name: str) -> None:
-    spec = next(s for s in TOGGLES if s.name == name)
-    for value in spec.allowed:
-        parse_toggles({name: value.upper()})  # case-insensitive, as manifests are written by people
+# Every allowed value and the field it must set, written out here (not derived from TOGGLES).
+PARSED = [
+    ("TMAGUARD_MODE", "auto", "mode", "auto"), ("TMAGUARD_MODE", "validate", "mode", "validate"),
+    ("TMAGUARD_MODE", "off", "mode", "off"),
+    ("TMAGUARD_STRICT", "0", "strict", False), ("TMAGUARD_STRICT", "1", "strict", True),
+    ("TMAGUARD_GEMM", "auto", "gemm", "auto"), ("TMAGUARD_GEMM", "hopper", "gemm", "hopper"),
+    ("TMAGUARD_GEMM", "portable", "gemm", "portable"), ("TMAGUARD_GEMM", "latency", "gemm", "latency"),
+    ("TMAGUARD_OVERLAY", "auto", "overlay", "auto"), ("TMAGUARD_OVERLAY", "off", "overlay", "off"),
+    ("TMAGUARD_LOG_FORMAT", "text", "log_format", "text"),
+    ("TMAGUARD_LOG_FORMAT", "json", "log_format", "json"),
+    ("TMAGUARD_TRACE", "0", "trace", False), ("TMAGUARD_TRACE", "1", "trace", True),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "value", "field", "parsed"), PARSED)
+def test_every_allowed_value_parses_to_its_setting(name: str, value: str, field: str, parsed) -> None:
+    # Case-insensitive and trimmed, as manifests are written by people.
+    assert getattr(parse_toggles({name: f" {value.upper()} "}), field) == parsed
+    toggles, problems = read_toggles({name: value})
+    assert getattr(toggles, field) == parsed and problems == ()
+
+
+def test_the_parsed_table_covers_every_allowed_value() -> None:
+    listed = {(name, value) for name, value, _, _ in PARSED}
+    assert listed == {(spec.name, value) for spec in TOGGLES for value in spec.allowed}
 
 
 BAD_VALUES = [
@@ -85,9 +105,16 @@ def test_a_misspelt_toggle_name_is_named_with_the_nearest_toggle() -> None:
     assert "TMAGUARD_STRICT" in problem.fix
 
 
-def test_read_toggles_never_raises_on_any_bad_value() -> None:
-    toggles, problems = read_toggles(dict(BAD_VALUES))
-    assert toggles.mode == "auto" and len(problems) == len({name for name, _ in BAD_VALUES})
+@pytest.mark.parametrize(("name", "value"), BAD_VALUES)
+def test_read_toggles_never_raises_on_any_bad_value(name: str, value: str) -> None:
+    """Each bad value on its own (a dict of BAD_VALUES would keep one value per name): that toggle at its
+    default, one problem naming it, the others untouched."""
+    other, other_value, field = ("TMAGUARD_OVERLAY", "off", "overlay")
+    if name == other:
+        other, other_value, field = ("TMAGUARD_GEMM", "portable", "gemm")
+    toggles, (problem,) = read_toggles({name: value, other: other_value})
+    assert toggles.mode == "auto" and getattr(toggles, field) == other_value
+    assert (problem.code, problem.subject) == (codes.TOGGLE_INVALID, name)
 
 
 def test_the_overlays_trace_setting_is_a_toggle_not_a_typo() -> None:
