@@ -82,7 +82,10 @@ def measure(setting: str, env: dict[str, str], runs: int, baseline: str | None =
     """The rows of one setting: its pods' first processes, and their later ones; with a baseline (another
     build of the package, first on PYTHONPATH), the same for it, each of its processes alternating with
     this build's, so both see the same machine."""
-    builds = {"": {}, **({" (baseline)": {"PYTHONPATH": baseline}} if baseline else {})}
+    builds: dict[str, dict[str, str]] = {"": {}}
+    if baseline:  # first on the path, before what the pod's processes import besides (vLLM's tree)
+        behind = env.get("PYTHONPATH", "")
+        builds[" (baseline)"] = {"PYTHONPATH": f"{baseline}{os.pathsep}{behind}" if behind else baseline}
     firsts: dict[str, list[dict]] = {name: [] for name in builds}
     laters: dict[str, list[dict]] = {name: [] for name in builds}
     with tempfile.TemporaryDirectory() as base:

@@ -4,8 +4,8 @@ sharing layer, with the guard installed and nothing else set. Prints `RESULT <js
 usage: check.py STEP [--vllm]   --vllm: `import vllm` first (its import hook runs the guard, as in a vLLM
 process); without it the process imports torch only (the guard's torch-first hook, docs/design.md §2.7).
 Steps: quota (what the process is shown, 1 GiB allowed, QUOTA_PROBE_GIB refused), bindings (which file
-answers what the CUDA runtime binds), torch (fp32 matmul:
-cuBLAS), cublaslt (fp16 linear with bias: cuBLASLt), triton, triton_tma, machete (vLLM 0.25.1's W4A16 TMA
+answers what the CUDA runtime binds), torch (fp32 matmul: cuBLAS), cublaslt (fp16 linear with bias:
+cuBLASLt), half (fp16 and bf16 matmuls: cuBLAS), triton, triton_tma, machete (vLLM 0.25.1's W4A16 TMA
 GEMM), guard (the guard alone, as a vLLM process runs it, without vLLM or CUDA: the record's summary and
 what it cost)."""
 
@@ -66,6 +66,22 @@ def cublaslt() -> dict:
     error = ((out.float() - reference).norm() / reference.norm()).item()
     assert error < 1e-2, error
     return {"rel_error": error}
+
+
+def half() -> dict:
+    """fp16 and bf16 matmuls through cuBLAS (torch's a @ b), each against float64."""
+    import torch
+
+    errors = {}
+    for dtype in (torch.float16, torch.bfloat16):
+        a = torch.randn(1024, 1024, device="cuda", dtype=dtype)
+        b = torch.randn(1024, 1024, device="cuda", dtype=dtype)
+        product = (a @ b).double()
+        torch.cuda.synchronize()
+        reference = a.double() @ b.double()
+        errors[str(dtype).rsplit(".", 1)[1]] = ((product - reference).norm() / reference.norm()).item()
+    assert max(errors.values()) < 1e-2, errors
+    return {"rel_error": errors}
 
 
 def triton_add() -> dict:
@@ -152,6 +168,7 @@ STEPS = {
     "quota": quota,
     "torch": matmul,
     "cublaslt": cublaslt,
+    "half": half,
     "triton": triton_add,
     "triton_tma": triton_tma,
     "machete": machete,

@@ -2,13 +2,18 @@
 # Inside pod.sh's private mount namespace: the pod's /etc, and each file the pod adds (SOURCE:TARGET) laid
 # over the nearest existing directory above TARGET (an overlay; mounts below that directory, such as the
 # driver's, are bound again on top), then the command.
-# usage: namespace.sh POD_DIR DRIVER_VERSION [made-up-proc] [SOURCE:TARGET ...] -- COMMAND ...
+# usage: namespace.sh POD_DIR DRIVER_VERSION [made-up-proc] [SOURCE:TARGET | --bind:DIR:DIR ...] -- COMMAND ...
 set -euo pipefail
 dir=$1 version=$2; shift 2
 made_up=0; [ "$1" = made-up-proc ] && { made_up=1; shift; }
 mount --bind "$dir/etc" /etc
 n=0
 while [ "$1" != "--" ]; do
+  if [[ $1 == --bind:* ]]; then  # --bind:SOURCE:TARGET, a directory bound over another
+    spec=${1#--bind:}; shift
+    mkdir -p "${spec#*:}" && mount --bind "${spec%%:*}" "${spec#*:}"
+    continue
+  fi
   source=${1%%:*} target=${1#*:}; shift
   at=$(dirname "$target"); while [ ! -d "$at" ]; do at=$(dirname "$at"); done
   n=$((n + 1)); save=$dir/ns/save$n up=$dir/ns/up$n work=$dir/ns/work$n

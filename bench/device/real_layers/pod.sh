@@ -7,9 +7,19 @@
 #                 the real libcuda.so.<ver> and libnvidia-ml.so.<ver> beside them, /etc/vcuda/vcuda.config
 #                 (resource_data_t, $QUOTA bytes) and pids.config, /usr/local/nvidia/bin/gpu-client (stub);
 #                 POD+noconfig: the same without vcuda.config
+#   vcuda-fork    the same layout with the CUDA-12 fork's libcuda-control.so (coldzerofear/vcuda-controller)
 #   hami          HAMi-core's /usr/local/vgpu/libvgpu.so in /etc/ld.so.preload, CUDA_DEVICE_MEMORY_LIMIT_0
 #                 ($QUOTA_HAMI), CUDA_DEVICE_SM_LIMIT, CUDA_DEVICE_MEMORY_SHARED_CACHE (one per limit: HAMi keeps
-#                 the first limit in it), the real libcuda.so.1
+#                 the first limit in it), the real libcuda.so.1; hami-8c32de6, hami-93cf05d: Volcano's pins
+#   vgpu-manager  /etc/vgpu-manager/driver/libvgpu-control.so in /etc/ld.so.preload, CUDA_MEM_LIMIT_0 ($QUOTA
+#                 in MiB), MANAGER_VISIBLE_DEVICES (the GPU's UUID), host compatibility mode, its config
+#                 directory (it writes vgpu.config from the variables), the real libcuda.so.1
+#   nvshare       LD_PRELOAD=/usr/lib/nvshare/libnvshare.so, its scheduler's socket /var/run/nvshare (the
+#                 scheduler started once per machine; POD+nosocket: a pod whose socket directory is empty),
+#                 libcuda.so (it dlopens the unversioned name) on LD_LIBRARY_PATH
+#   lupine        the client libcuda.so.1 / libnvidia-ml.so.1 first on LD_LIBRARY_PATH, LUPINE_SERVER at the
+#                 server started once per machine on loopback, LUPINE_DISABLE_LOCAL=1 (every call remote: a
+#                 GPU over IP; lupine otherwise serves device 0 from a local driver it finds itself)
 # A vCUDA pod's pids.config is kept current by pids_daemon.py (what vCUDA's node daemon does).
 # usage: pod.sh POD [NAME=VALUE ...] -- COMMAND ...   (as root; $STATE default /tmp/rl)
 # Off the GPU machine (real layers on stand-in libraries): REAL_CUDA, REAL_NVML and DRIVER_VERSION name
@@ -40,11 +50,38 @@ if [ ! -d "$dir" ]; then
       ln -s "$real_nvml" "$dir/lib/libnvidia-ml.so.$version"
       mkdir -p "$dir/etc/vcuda"
       ;;
-    hami)
+    hami*)
       echo /usr/local/vgpu/libvgpu.so > "$dir/etc/ld.so.preload"
+      ;;
+    vgpu-manager)
+      mkdir -p "$dir/etc/vgpu-manager/driver" "$dir/etc/vgpu-manager/config"
+      cp "$state/layers/vgpu-manager/libvgpu-control.so" "$dir/etc/vgpu-manager/driver/"
+      ln -s /proc "$dir/etc/vgpu-manager/.host_proc"
+      echo /etc/vgpu-manager/driver/libvgpu-control.so > "$dir/etc/ld.so.preload"
+      ;;
+    nvshare)
+      ln -s "$real_cuda" "$dir/lib/libcuda.so"
+      ;;
+    lupine)
+      cp -a "$state"/layers/lupine/lib*.so* "$dir/lib/"
       ;;
   esac
 fi
+case $layer in  # daemons a node runs once, outside every pod
+  nvshare)
+    if [ ! -S /var/run/nvshare/scheduler.sock ]; then
+      mkdir -p /var/run/nvshare
+      setsid "$state/layers/nvshare/nvshare-scheduler" > "$state/nvshare-scheduler.log" 2>&1 < /dev/null &
+      for _ in $(seq 50); do [ -S /var/run/nvshare/scheduler.sock ] && break; sleep 0.1; done
+    fi
+    ;;
+  lupine)
+    if ! (exec 3<> /dev/tcp/127.0.0.1/14833) 2> /dev/null; then
+      setsid "$state/layers/lupine/lupine_driver_server" > "$state/lupine-server.log" 2>&1 < /dev/null &
+      for _ in $(seq 100); do (exec 3<> /dev/tcp/127.0.0.1/14833) 2> /dev/null && break; sleep 0.1; done
+    fi
+    ;;
+esac
 if [[ $layer == vcuda-* ]]; then  # this call's quota, also in a pod a warm machine kept from an earlier call
   "$state/layers/vcuda_config" "$dir/etc/vcuda" "${QUOTA:-8589934592}" > /dev/null
   if [[ $pod == *+noconfig ]]; then rm "$dir/etc/vcuda/vcuda.config"; fi
@@ -53,17 +90,30 @@ added=()  # files the device plugin puts in place, SOURCE:TARGET
 case $layer in
   vcuda-*) added+=("$state/layers/gpu-client:/usr/local/nvidia/bin/gpu-client") ;;
   hami) added+=("$state/layers/hami-core/libvgpu.so:/usr/local/vgpu/libvgpu.so") ;;
+  hami-*) added+=("$state/layers/$layer/libvgpu.so:/usr/local/vgpu/libvgpu.so") ;;
+  nvshare) added+=("$state/layers/nvshare/libnvshare.so:/usr/lib/nvshare/libnvshare.so") ;;
 esac
 vars=(PATH="$PATH" HOME=/root PYTHONUNBUFFERED=1 TMAGUARD_RECORD_DIR="${TMAGUARD_RECORD_DIR:-$state/records/$pod}")
 [ -n "${PYTHONPATH:-}" ] && vars+=(PYTHONPATH="$PYTHONPATH")
 case $layer in
   vcuda-*) vars+=(LD_LIBRARY_PATH="$dir/lib") ;;
-  hami) vars+=(CUDA_DEVICE_MEMORY_LIMIT_0="${QUOTA_HAMI:-8g}" CUDA_DEVICE_SM_LIMIT=100
+  hami*) vars+=(CUDA_DEVICE_MEMORY_LIMIT_0="${QUOTA_HAMI:-8g}" CUDA_DEVICE_SM_LIMIT=100
                CUDA_DEVICE_MEMORY_SHARED_CACHE="$dir/hami-${QUOTA_HAMI:-8g}.cache") ;;
+  vgpu-manager)
+    uuid=$(nvidia-smi --query-gpu=uuid --format=csv,noheader -i 0)
+    vars+=(CUDA_MEM_LIMIT_0="$(( ${QUOTA:-8589934592} >> 20 ))m" MANAGER_VISIBLE_DEVICES="$uuid"
+           MANAGER_COMPATIBILITY_MODE=0 ${CORE_LIMIT:+CUDA_CORE_LIMIT_0=$CORE_LIMIT}) ;;
+  nvshare)
+    vars+=(LD_PRELOAD=/usr/lib/nvshare/libnvshare.so LD_LIBRARY_PATH="$dir/lib") ;;
+  lupine) vars+=(LD_LIBRARY_PATH="$dir/lib" LUPINE_SERVER=127.0.0.1:14833 LUPINE_DISABLE_LOCAL=1) ;;
 esac
 if [[ $layer == vcuda-* ]]; then
   python3 "$here/pids_daemon.py" "$dir/etc/vcuda/pids.config" $$ &
   trap "kill $! 2>/dev/null" EXIT
+fi
+if [[ $pod == nvshare+nosocket ]]; then  # the scheduler's socket directory as a pod without it sees it
+  mkdir -p "$dir/nosocket"
+  added+=("--bind:$dir/nosocket:/var/run/nvshare")
 fi
 unshare -m --propagation private bash "$here/namespace.sh" "$dir" "$version" ${DRIVER_VERSION:+made-up-proc} \
   "${added[@]}" -- env -i "${vars[@]}" "${extra[@]}" "$@"
