@@ -58,7 +58,10 @@ def record() -> None:
     found = read_record(_toggles().record_dir)
     if found["error"] or not found["found"] or found["record"].get("schema") != SCHEMA:
         where = found["path"] or f"{found['asked']} (refused: {found['refused']})"
-        why = found["error"] or ("a record of another schema" if found["found"] else "no record there yet")
+        why = found["error"] or (
+            "a record of another schema" if found["found"] else
+            "no record there yet" if found["path"] else "no record directory this user may read"
+        )  # fmt: skip
         _echo(f"tmaguard record: {where}: {why}", err=True)
         raise typer.Exit(EXIT_FINDINGS)
     _echo(json.dumps(found["record"], indent=1))
