@@ -99,11 +99,14 @@ def inject(
     from .inject import inject as place
 
     try:
-        written = place(target)
+        placed = place(target)
     except (InjectError, OSError) as error:
-        _echo(f"tmaguard inject: {target}: refused: {error}", err=True)
+        why = str(error).removeprefix("refused: ")  # trust.UntrustedPath's own words say it
+        _echo(f"tmaguard inject: {target}: refused: {why}", err=True)
         raise typer.Exit(EXIT_FINDINGS) from error
-    _echo(f"placed {len(written)} files in {target}; in the vLLM container set PYTHONPATH={target}")
+    if placed.tightened:
+        _echo(f"tmaguard inject: {placed.tightened}")
+    _echo(f"placed {len(placed.files)} files in {target}; in the vLLM container set PYTHONPATH={target}")
 
 
 @app.command(
