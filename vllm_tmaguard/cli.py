@@ -58,7 +58,10 @@ def record() -> None:
     found = read_record(_toggles().record_dir)
     if found["error"] or not found["found"] or found["record"].get("schema") != SCHEMA:
         where = found["path"] or f"{found['asked']} (refused: {found['refused']})"
-        why = found["error"] or ("a record of another schema" if found["found"] else "no record there yet")
+        why = found["error"] or (
+            "a record of another schema" if found["found"] else
+            "no record there yet" if found["path"] else "no record directory this user may read"
+        )  # fmt: skip
         _echo(f"tmaguard record: {where}: {why}", err=True)
         raise typer.Exit(EXIT_FINDINGS)
     _echo(json.dumps(found["record"], indent=1))
@@ -96,11 +99,14 @@ def inject(
     from .inject import inject as place
 
     try:
-        written = place(target)
+        placed = place(target)
     except (InjectError, OSError) as error:
-        _echo(f"tmaguard inject: {target}: refused: {error}", err=True)
+        why = str(error).removeprefix("refused: ")  # trust.UntrustedPath's own words say it
+        _echo(f"tmaguard inject: {target}: refused: {why}", err=True)
         raise typer.Exit(EXIT_FINDINGS) from error
-    _echo(f"placed {len(written)} files in {target}; in the vLLM container set PYTHONPATH={target}")
+    if placed.tightened:
+        _echo(f"tmaguard inject: {placed.tightened}")
+    _echo(f"placed {len(placed.files)} files in {target}; in the vLLM container set PYTHONPATH={target}")
 
 
 @app.command(

@@ -12,12 +12,21 @@ from .overlay import overlay_image
 DEFAULT_INSTALL_DIR = "/opt/tmaguard"
 
 
-def install(image: bytes, directory: str) -> str:
+def install(image: bytes, directory: str) -> list[str]:
     """Writes <directory>/libcuda.so.1 atomically, world-readable (every user of the container needs it), into
     a directory only root or this user can change (made 0755 first where it is this user's and wider:
-    kubelet makes emptyDir volumes 0777). Raises OSError (trust.UntrustedPath, files.Refused) otherwise."""
-    trust.make_install_dir(directory)
-    return files.install_file(directory, "libcuda.so.1", image, 0o555)
+    kubelet makes emptyDir volumes 0777); what it did, as lines to print. Raises OSError
+    (trust.UntrustedPath, files.Refused) otherwise."""
+    tightened = trust.make_install_dir(directory)
+    path = files.install_file(directory, "libcuda.so.1", image, 0o555)
+    return [*([f"# {tightened}"] if tightened else []), f"# installed {path}"]
+
+
+def _why(error: OSError) -> str:
+    """A refusal's reason (the path it names included), or the system's."""
+    if isinstance(error, (trust.UntrustedPath, files.Refused)):
+        return error.why
+    return error.strerror or str(error)
 
 
 def _refusal(facts: Facts, root: str) -> str | None:
@@ -64,10 +73,10 @@ def recipe(
     ]
     if install_dir:
         try:
-            lines.append(f"# installed {install(overlay_image(driver.path), install_dir)}")
+            lines += install(overlay_image(driver.path), install_dir)
         except OSError as error:
             fix = "make it a directory only root or this user can write to (chmod 0755), or choose another"
-            return [*lines, f"# refused: {install_dir}: {error.strerror or error}; {fix}"], 1
+            return [*lines, f"# refused: {install_dir}: {_why(error)}; {fix}"], 1
     else:
         lines += [
             "# 1. in the vLLM container itself, before vLLM starts (its command: an init container does not",

@@ -11,6 +11,7 @@ import os
 import stat
 from collections.abc import Iterable, Iterator
 from importlib import metadata
+from typing import NamedTuple
 
 from . import files, trust
 
@@ -73,20 +74,24 @@ def installed_entries(package_dir: str) -> Iterator[tuple[str, bytes, int]]:
         yield relative, files.read_bytes(source, _FILE_LIMIT, noted=False), stat.S_IMODE(info.st_mode) & 0o755
 
 
-def place(entries: Iterable[tuple[str, bytes, int]], target: str) -> list[str]:
+class Placed(NamedTuple):
+    files: list[str]  # written, relative to the target
+    tightened: str | None  # what was done to the target's mode, in words (trust.make_install_dir)
+
+
+def place(entries: Iterable[tuple[str, bytes, int]], target: str) -> Placed:
     """Writes the entries and sitecustomize.py under `target` (files.install_file: nothing followed through a
-    link planted there, every directory on the way only root's or this user's to change); returns the files
-    written, relative to it. Raises OSError (files.Refused, trust.UntrustedPath) or InjectError."""
-    trust.make_install_dir(target)
+    link planted there, every directory on the way only root's or this user's to change). Raises OSError
+    (files.Refused, trust.UntrustedPath) or InjectError."""
+    tightened = trust.make_install_dir(target)
     written = []
     for relative, data, mode in entries:
         files.install_file(target, relative, data, mode | 0o444)
         written.append(relative)
     files.install_file(target, "sitecustomize.py", SITECUSTOMIZE.encode(), 0o644)
-    return [*written, "sitecustomize.py"]
+    return Placed([*written, "sitecustomize.py"], tightened)
 
 
-def inject(target: str) -> list[str]:
-    """Places the installed package in `target` (created if absent); returns the files written, relative to
-    it."""
+def inject(target: str) -> Placed:
+    """Places the installed package in `target` (created if absent)."""
     return place(installed_entries(os.path.dirname(os.path.realpath(__file__))), target)

@@ -27,7 +27,8 @@ class RecordDir(NamedTuple):
             f"remove {self.asked} (made by another user, or with the wrong mode) or set TMAGUARD_RECORD_DIR "
             "to a directory only this user can enter (0700)"
             if default
-            else "point TMAGUARD_RECORD_DIR at a directory only this user can enter (0700), or unset it"
+            else "point TMAGUARD_RECORD_DIR at a directory only this user can enter (0700)"
+            + (", or unset it" if self.path else "")
         )
         return Problem(
             RECORD_DIR_REFUSED,
@@ -41,8 +42,15 @@ class RecordDir(NamedTuple):
 def open_record_dir(asked: str) -> RecordDir:
     path, refused = private_dir(asked)
     if refused is not None and asked != default_record_dir():
-        path, _ = private_dir(default_record_dir())
+        path, instead = private_dir(default_record_dir())
+        refused = _also(refused, instead)
     return RecordDir(path, asked, refused)
+
+
+def _also(refused: str, fallback_refused: str | None) -> str:
+    """Why the asked directory was refused, and why the default one the guard falls back to was refused
+    too, where it was (a co-tenant may have made it first: the operator must know to remove it)."""
+    return refused if fallback_refused is None else f"{refused}; the fallback too: {fallback_refused}"
 
 
 def record_dir_to_read(asked: str) -> RecordDir:
@@ -54,9 +62,10 @@ def record_dir_to_read(asked: str) -> RecordDir:
     if refused is None:
         return RecordDir(_real(asked), asked, None)
     default = default_record_dir()
-    if asked != default and _refusal(default) is None:
-        return RecordDir(_real(default), asked, refused)
-    return RecordDir(None, asked, refused)
+    if asked == default:
+        return RecordDir(None, asked, refused)
+    instead = _refusal(default)
+    return RecordDir(None if instead else _real(default), asked, _also(refused, instead))
 
 
 def _refusal(path: str) -> str | None:

@@ -116,7 +116,7 @@ def record_file_findings(record: dict[str, Any], libcuda: str | None) -> list[di
                 f"The guard refuses {which} (it is not this user's alone)",
                 f"{record['refused']}. {falls_back}",
                 subject=record["asked"],
-                fix=fix(_private_dir_fix(record["asked"], default)),
+                fix=fix(_private_dir_fix(record["asked"], default, where is not None)),
             )
         )
     if record["error"]:
@@ -150,13 +150,14 @@ def record_file_findings(record: dict[str, Any], libcuda: str | None) -> list[di
     return findings
 
 
-def _private_dir_fix(asked: str, default: bool) -> str:
+def _private_dir_fix(asked: str, default: bool, falls_back: bool) -> str:
     if default:
         return (
             f"Remove {asked} (another user may have made it) or set TMAGUARD_RECORD_DIR to a directory only "
             "this user can enter (0700)."
         )
-    return "Point TMAGUARD_RECORD_DIR at a directory only this user can enter (0700), or unset it."
+    unset = ", or unset it" if falls_back else ""  # unset, it is the default: refused too
+    return f"Point TMAGUARD_RECORD_DIR at a directory only this user can enter (0700){unset}."
 
 
 def _record_findings(record: dict[str, Any], libcuda: str | None) -> list[dict[str, Any]]:
