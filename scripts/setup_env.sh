@@ -22,7 +22,7 @@ vllm_imports=(numpy packaging regex psutil pyzmq urllib3 "transformers>=5.16.1,<
 # vLLM 0.32.0 requires humming-kernels 0.1.17; its kernel outranks Marlin at compute capability 9.0, so
 # the selectors only behave as in a normal install with it present.
 humming=("humming-kernels==0.1.17")
-test_tools=(pytest nvidia-ml-py typer rich ruff hypothesis kubernetes-validate jsonpatch yamllint
+test_tools=(pytest pytest-xdist nvidia-ml-py typer rich ruff hypothesis kubernetes-validate jsonpatch yamllint
   dockerfile-parse matplotlib auditwheel build "setuptools>=77" check-jsonschema zizmor)
 
 # The stamp names what is installed: a changed version or list is installed on the next run.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import sysconfig
@@ -19,7 +20,7 @@ from podkit import (
     child_environ,
     guard_lines,
 )
-from releasekit import Release, build_release
+from releasekit import Release, shared_release
 
 UNIT_TESTS = Path(__file__).resolve().parent / "unit"
 
@@ -32,8 +33,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def release(tmp_path_factory: pytest.TempPathFactory) -> Release:
-    """The release files, built once per session by the script a maintainer runs."""
-    return build_release(tmp_path_factory.mktemp("dist"))
+    """The release files, built once per run by the script a maintainer runs (once for all pytest-xdist
+    workers: they share the parent of their base directories)."""
+    base = tmp_path_factory.getbasetemp()
+    return shared_release((base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "release")
 
 
 @pytest.fixture(scope="session", autouse=True)

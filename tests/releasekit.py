@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import subprocess
 import time
 from dataclasses import dataclass
@@ -32,3 +33,23 @@ def build_release(out: Path) -> Release:
     (sdist,) = out.glob("vllm_tmaguard-*.tar.gz")
     wheels = {arch: next(out.glob(f"vllm_tmaguard-*-py3-none-manylinux_2_28_{arch}.whl")) for arch in ARCHES}
     return Release(sdist, wheels, done.stdout, time.monotonic() - started)
+
+
+def shared_release(directory: Path) -> Release:
+    """The release built once into `directory` for every test process that asks (pytest-xdist's workers
+    share their base directory's parent): the first builds it under a lock, the others read what it left
+    (the wheels, and the script's output in printed.txt). The build writes in the repository's build/, so two
+    at once would spoil each other's."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        printed, seconds = directory / "printed.txt", directory / "seconds.txt"
+        if not printed.exists():
+            built = build_release(directory / "dist")
+            seconds.write_text(str(built.seconds))
+            printed.write_text(built.printed)
+            return built
+    out = directory / "dist"
+    (sdist,) = out.glob("vllm_tmaguard-*.tar.gz")
+    wheels = {arch: next(out.glob(f"vllm_tmaguard-*-py3-none-manylinux_2_28_{arch}.whl")) for arch in ARCHES}
+    return Release(sdist, wheels, printed.read_text(), float(seconds.read_text()))

@@ -56,7 +56,8 @@ for tree in hami-core hami-8c32de6 hami-93cf05d; do
   out=$state/layers/$tree
   rm -rf "$out" && cp -r "$tp/$tree" "$out"
   (cd "$out" && CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} J=$jobs CMAKE_OPTIONS="-DCMAKE_POLICY_VERSION_MINIMUM=3.5 \
-      -DCMAKE_C_FLAGS=-I$tp/nvml-include -DCMAKE_SHARED_LINKER_FLAGS=-L$links" logged build.log bash ./build.sh)
+      -DCMAKE_C_FLAGS=-I$tp/nvml-include -DCMAKE_SHARED_LINKER_FLAGS=-L$links" logged build.log bash ./build.sh) ||
+    { echo "$tree: build failed (build.log)"; continue; }
   cp "$(find "$out/build" -name libvgpu.so | head -1)" "$out/"
   nm -D --defined-only "$out/libvgpu.so" | grep -c " T cu" | sed "s/^/$tree libvgpu.so exports cu* functions: /"
 done

@@ -15,7 +15,7 @@ out=$state/field && rm -rf "$out" "$state/records" && mkdir -p "$out/logs" "$out
 pods=${PODS:-vcuda-fork vgpu-manager hami-8c32de6 hami-93cf05d nvshare lupine}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 E2E_MODEL=0 bash bench/device/e2e/setup.sh > "$out/logs/setup.log" 2>&1 || { tail -30 "$out/logs/setup.log"; exit 1; }
-LAYERS="vcuda-master vcuda-fork hami-8c32de6 hami-93cf05d vgpu-manager nvshare lupine" bash $here/build.sh \
+LAYERS="${pods//+nosocket/} $([ "${COST:-1}" = 1 ] && echo vcuda-master)" bash $here/build.sh \
   > "$out/logs/build.log" 2>&1 || { tail -40 "$out/logs/build.log"; exit 1; }
 grep -h "exports cu" "$out/logs/build.log"
 export PYTHONPATH=/tmp/e2e/site:/tmp/e2e/v25:$(pwd)/bench/device
