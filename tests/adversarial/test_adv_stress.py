@@ -45,7 +45,7 @@ def test_64_processes_at_once_on_an_empty_record_directory(pods, tmp_path: Path)
         assert document["outcome"] == "supplied" and document["problems"] == [], document["problems"]
         assert document["record_file"] == str(records / f"process-{pid}.json")
     kept = assert_directory_sound(records)
-    assert set(kept) == {f"process-{pid}.json" for pid in documents}
+    assert set(kept) == {f"process-{pid}.json" for pid in documents}  # 64: all kept (PROCESS_RECORDS_KEPT)
     for pid, document in documents.items():
         assert kept[f"process-{pid}.json"] == document  # its own record, as the process issued it
     assert len(overlay_files(records)) == 1 and len(list(records.glob("overlay-*"))) == 1
