@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
+import sys
 
 import typer
 
@@ -31,7 +34,10 @@ def _toggles() -> Toggles:
 
 
 def _echo(text: str, err: bool = False) -> None:
-    """Prints what any stream can print (a path's undecodable bytes escaped), line by line."""
+    """Prints what any stream can print (a path's undecodable bytes escaped), line by line. Raises OSError
+    where the stream is closed (click would print nothing, and the command would seem to have done)."""
+    if (sys.stderr if err else sys.stdout) is None:
+        raise OSError(errno.EBADF, f"standard {'error' if err else 'output'} is closed")
     typer.echo("\n".join(printable(line) for line in text.split("\n")), err=err)
 
 
@@ -136,7 +142,8 @@ def main() -> None:
         if _usage_error(error):  # click's (typer vendors its own copy, hence no isinstance)
             error.show()  # type: ignore[attr-defined]
             raise SystemExit(EXIT_USAGE) from None
-        _echo(redact(f"tmaguard: internal error: {type(error).__name__}: {error}"), err=True)
+        with contextlib.suppress(Exception):  # where stderr itself fails, the status alone says it
+            _echo(redact(f"tmaguard: internal error: {type(error).__name__}: {error}"), err=True)
         raise SystemExit(EXIT_INTERNAL) from None
     raise SystemExit(status if isinstance(status, int) else EXIT_OK)
 

@@ -506,24 +506,43 @@ class PrivateDirectory:
             with contextlib.suppress(OSError):
                 os.unlink(temporary, dir_fd=self.fd)
             self.write(name, read_private(self.path, source))
+            return
+        # rename() of a file onto another link of the same file does nothing and leaves the temporary name:
+        # `name` already was `source` (another process of the same pid, in another PID namespace, linked it).
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary, dir_fd=self.fd)
 
     def prune(self, prefix: str, suffix: str, keep: int) -> None:
-        """Keeps the newest `keep` files named prefix*suffix and removes temporary files older than
-        STALE_TEMPORARY_S (a process killed between create and rename). Never raises."""
-        horizon = time.time() - STALE_TEMPORARY_S
+        """Keeps the newest `keep` files named prefix*suffix and removes the stale temporary files, here and
+        in the subdirectories (the overlay's: sweep). Never raises."""
         with contextlib.suppress(OSError):
-            names = os.listdir(self.fd)
+            with os.scandir(self.fd) as listed:
+                entries = [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in listed]
+            names = [name for name, _ in entries]
             kept = [n for n in names if n.startswith(prefix) and n.endswith(suffix)]
-            stale = [n for n in names if n.startswith(".") and n.endswith(TEMPORARY_SUFFIX)]
-            if len(kept) <= keep and not stale:
-                return
-            ages = {name: self._age(name) for name in kept + stale}
-            removed = [n for n in stale if ages[n] < horizon]
+            removed = self._stale(names)
             if len(kept) > keep:
-                removed += sorted(kept, key=ages.__getitem__, reverse=True)[keep:]
-            for name in removed:
-                with contextlib.suppress(OSError):
-                    os.unlink(name, dir_fd=self.fd)
+                removed += sorted(kept, key=self._age, reverse=True)[keep:]
+            self._remove(removed)
+            for name in (name for name, is_directory in entries if is_directory):
+                with contextlib.suppress(OSError), directory(name, at=self.fd) as fd:
+                    PrivateDirectory(fd, os.path.join(self.path, name)).sweep()
+
+    def sweep(self) -> None:
+        """Removes temporary files older than STALE_TEMPORARY_S: a process killed between create and rename
+        left them (a younger one may be another process's write under way). Never raises."""
+        with contextlib.suppress(OSError):
+            self._remove(self._stale(os.listdir(self.fd)))
+
+    def _stale(self, names: list[str]) -> list[str]:
+        horizon = time.time() - STALE_TEMPORARY_S
+        temporary = [n for n in names if n.startswith(".") and n.endswith(TEMPORARY_SUFFIX)]
+        return [n for n in temporary if self._age(n) < horizon]
+
+    def _remove(self, names: list[str]) -> None:
+        for name in names:
+            with contextlib.suppress(OSError):
+                os.unlink(name, dir_fd=self.fd)
 
     def _age(self, name: str) -> float:
         try:

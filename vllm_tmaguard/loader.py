@@ -25,7 +25,7 @@ from typing import NamedTuple
 from . import files
 from .catalogue import DRIVER_LIBRARY, ENCODERS, MARKER
 from .elf import ElfError, ElfInfo, native_machine, read_elf
-from .process import LIBRARY_PATH, mapped_named, split_library_path
+from .process import LIBRARY_PATH, mapped_named, split_library_path, working_directory
 
 _NEW_CACHE_MAGIC = b"glibc-ld.so.cache1.1"
 _CACHE_HEADER = struct.Struct("<20sIIB3xI12x")  # magic, nlibs, len_strings, flags, extension offset
@@ -142,7 +142,7 @@ def resolve_library(
     mapped = mapped_named(name, maps_text)
     skipped: list[str] = []
     first_found: tuple[str, str] | None = None
-    for path, how in search_order(name, environ, root, cwd or os.getcwd(), machine):
+    for path, how in search_order(name, environ, root, cwd or working_directory(), machine):
         if how == "LD_LIBRARY_PATH" and "$" in path:  # $ORIGIN, $LIB, $PLATFORM: the loader expands them
             skipped.append(f"{os.path.dirname(path)}: the loader expands its $ token, the guard cannot")
             break  # whatever follows, the guard cannot tell which file the loader takes
@@ -201,7 +201,7 @@ def real_driver_search(layer_path: str, environ: Mapping[str, str], root: str) -
         (os.path.dirname(files.realpath(layer_path)), "beside the layer"),
         *(
             (d, "LD_LIBRARY_PATH")
-            for d in split_library_path(environ.get(LIBRARY_PATH, ""), os.getcwd())
+            for d in split_library_path(environ.get(LIBRARY_PATH, ""), working_directory())
         ),
         *(
             (os.path.dirname(path), "ld.so.cache")

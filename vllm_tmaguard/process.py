@@ -23,6 +23,15 @@ def split_library_path(value: str, cwd: str) -> list[str]:
     return [os.path.join(cwd, entry) if not os.path.isabs(entry) else entry for entry in entries]
 
 
+def working_directory() -> str:
+    """The current directory; "" where it is gone (removed under the process): a relative LD_LIBRARY_PATH
+    entry then stays relative and finds nothing, as the loader finds nothing in a directory that is gone."""
+    try:
+        return os.getcwd()
+    except OSError:
+        return ""
+
+
 def mapped_files(maps_text: str) -> list[str]:
     """Distinct file paths mapped into a process, in order of first appearance, from /proc/PID/maps."""
     seen: dict[str, None] = {}

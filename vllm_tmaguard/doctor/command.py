@@ -4,6 +4,8 @@ the doctor's time budget; vllm_tmaguard/__main__.py dispatches here before impor
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import os
 import sys
 import time
@@ -94,6 +96,8 @@ def main(argv: list[str]) -> int:
     """`tmaguard doctor ARGS`; returns the exit status (codes.EXIT_*)."""
     args = parser().parse_args(argv)  # exits 2 on a usage error
     try:
+        if sys.stdout is None:
+            raise OSError(errno.EBADF, "standard output is closed")
         report = _report(args)
         if args.save:
             report["saved"] = _save(report)
@@ -101,19 +105,37 @@ def main(argv: list[str]) -> int:
             sys.stdout.write(render_json(report))
         else:
             render_text(printable_strings(report))
-    except Exception as error:  # a bug of ours: one clear line, and a status no finding has
-        message = printable(redact(f"tmaguard doctor: internal error: {type(error).__name__}: {error}"))
-        print(message, file=sys.stderr)
-        if args.as_json:
-            failed = {
-                "schema": SCHEMA,
-                "status": "internal-error",
-                "exit_code": EXIT_INTERNAL,
-                "error": message,
-            }
-            sys.stdout.write(render_json(failed))
-        return EXIT_INTERNAL
+        sys.stdout.flush()  # a standard output that fails (closed, full, a broken pipe) fails here
+    except Exception as error:  # a bug of ours, or an output that fails: a status no finding has
+        return _failed(error, args.as_json)
     return report["exit_code"]
+
+
+def _failed(error: Exception, as_json: bool) -> int:
+    """The doctor's own failure: one line on stderr and, with --json, a report that says so, each where it
+    can still be written (standard output may be what failed). EXIT_INTERNAL whatever happens here."""
+    message = printable(redact(f"tmaguard doctor: internal error: {type(error).__name__}: {error}"))
+    with contextlib.suppress(Exception):
+        print(message, file=sys.stderr, flush=True)
+    if as_json:
+        failed = {"schema": SCHEMA, "status": "internal-error", "exit_code": EXIT_INTERNAL, "error": message}
+        with contextlib.suppress(Exception):
+            sys.stdout.write(render_json(failed))
+            sys.stdout.flush()
+    _discard_output()
+    return EXIT_INTERNAL
+
+
+def _discard_output() -> None:
+    """What standard output could not take is dropped: the interpreter's own flush at exit would fail
+    again and turn the exit status into 120."""
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        return
+    with contextlib.suppress(Exception):
+        null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
 
 
 def _report(args: argparse.Namespace) -> dict[str, Any]:
