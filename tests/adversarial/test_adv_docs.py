@@ -2,13 +2,18 @@
 document section (`docs/operator.md, "No rebuild"` in a manifest, a code comment, a docstring) or to an
 anchor (`[..](operator.md#fleet-visibility)`) names a heading that is there: at 1cc570e the stock-image
 kustomization, the alert rules and two modules cited sections that did not exist. The prose an operator acts
-on is checked against the guard's behaviour in tests/adversarial/test_adv_exit_codes.py (the strict stop's
-words) and tests/unit/test_toggles.py (a bad toggle keeps the fix)."""
+on is checked against the guard's behaviour: the troubleshooting headings that quote the guard are matched
+against what it really prints (at 1cc570e one quoted a text it never printed), and
+tests/unit/test_toggles.py holds that a bad toggle keeps the fix."""
 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
+
+from podkit import child_environ
 
 REPO = Path(__file__).resolve().parents[2]
 # Where an operator or a developer is sent to a document: the package, the manifests, the scripts, the docs.
@@ -65,3 +70,33 @@ def test_the_checks_find_what_they_look_for() -> None:
     assert ("docs/operator.md", "Why no init container") in cited
     assert ("docs/doctor.md", "Exit status") in cited
     assert anchor("`tmaguard doctor`: the exit status") == "tmaguard-doctor-the-exit-status"
+
+
+OPERATOR = REPO / "docs" / "operator.md"
+# Each troubleshooting heading that quotes the guard, and a process that makes the guard say it.
+QUOTING = {
+    "vllm-tmaguard (<setting>) stopped start-up: <cause>. Fix: <fix>": {
+        "TMAGUARD_STRICT": "1", "TMAGUARD_LOG_FORMAT": "xml",
+    },
+    "PROBLEM: TMAGUARD_GEMM='fast' is not valid; fix: set TMAGUARD_GEMM to auto | hopper | portable"
+    " | latency": {"TMAGUARD_GEMM": "fast"},
+}  # fmt: skip
+
+
+def troubleshooting_quotes() -> list[str]:
+    """The headings of operator.md's Troubleshooting that quote the guard's own words."""
+    text = OPERATOR.read_text().split("## Troubleshooting", 1)[1].split("\n## ", 1)[0]
+    quoted = re.findall(r"^### `([^`]+)`$", text, flags=re.MULTILINE)
+    return [q for q in quoted if "tmaguard" in q.lower() and not q.startswith("tmaguard preflight")]
+
+
+def test_every_heading_quoting_the_guard_is_what_it_prints(pods, tmp_path) -> None:
+    assert set(troubleshooting_quotes()) == set(QUOTING), "a heading quoting the guard needs its scenario"
+    for heading, env in QUOTING.items():
+        done = subprocess.run(
+            [sys.executable, "-c", "from vllm_tmaguard.guard import activate; activate('docs')"],
+            env=child_environ(pods("nogpu"), tmp_path / "records", env), capture_output=True, text=True,
+            timeout=60, cwd=tmp_path,
+        )  # fmt: skip
+        pattern = ".+".join(re.escape(part) for part in re.split(r"<[a-z]+>", heading))
+        assert re.search(pattern, done.stdout + done.stderr), (heading, done.stdout, done.stderr)

@@ -78,3 +78,13 @@ def test_the_outcome_is_a_value() -> None:
         "degraded",
         "degraded",
     ]
+
+
+def test_the_doctors_text_keeps_its_line_breaks_and_escapes_the_rest() -> None:
+    """A fix's manifest snippet spans lines: the readable report keeps them; a path's undecodable byte and a
+    control character are escaped (at one point every line break came out as a literal \\n)."""
+    from vllm_tmaguard.doctor.command import printable_strings
+
+    snippet = "resources:\n  limits:\n    nvidia.com/gpu: 1"
+    report = {"fix": [snippet, "/lib/\udcff\x1b[31m"]}
+    assert printable_strings(report) == {"fix": [snippet, "/lib/\\xff\\x1b[31m"]}

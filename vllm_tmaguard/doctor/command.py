@@ -170,9 +170,10 @@ def _save(report: dict[str, Any]) -> dict[str, Any]:
 
 
 def printable_strings(value: Any) -> Any:
-    """The report with every string printable on any stream (line.printable)."""
+    """The report with every string printable on any stream (line.printable), its line breaks kept (a fix's
+    manifest snippet spans lines)."""
     if isinstance(value, str):
-        return printable(value)
+        return "\n".join(printable(line) for line in value.split("\n"))
     if isinstance(value, dict):
         return {key: printable_strings(item) for key, item in value.items()}
     if isinstance(value, list):
