@@ -282,3 +282,10 @@ def test_check_command_reports_what_a_vllm_process_would_do(pods) -> None:
     assert done.returncode == 0, done.stderr
     assert record["libcuda"]["how"] == "LD_LIBRARY_PATH" and record["mode"] == "validate"
     assert record["supplied"]["cuLaunchKernelEx"] == "overlay" and record["problems"] == []
+    # With the guard off, what the guard would do is nothing (not what auto would supply).
+    off = {**env, "TMAGUARD_MODE": "off"}
+    for args in (["check"], ["check", "--json"]):
+        command = [sys.executable, "-m", "vllm_tmaguard", *args]
+        done = subprocess.run(command, env=off, capture_output=True, text=True)
+        assert done.returncode == 0 and "supplied" not in done.stdout, done.stdout
+        assert "TMAGUARD_MODE=off: the guard does nothing" in done.stdout

@@ -49,6 +49,10 @@ def check(as_json: bool = typer.Option(False, "--json", help="print the record a
     from .preview import preview
 
     toggles = _toggles()
+    if toggles.mode == "off":  # the guard does nothing, writes no record: say so, not what auto would do
+        nothing = "TMAGUARD_MODE=off: the guard does nothing in vLLM processes started here"
+        _echo(json.dumps({"mode": "off", "record": None, "summary": nothing}) if as_json else nothing)
+        raise typer.Exit(EXIT_OK)
     document = preview(os.environ, toggles, "cli").to_json()
     _echo(json.dumps(document, indent=1) if as_json else render(document))
     raise typer.Exit(EXIT_FINDINGS if level_of(document) == "warning" else EXIT_OK)
