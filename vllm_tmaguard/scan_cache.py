@@ -26,8 +26,12 @@ def _signature(paths: list[str]) -> list[Any]:
     return [files.seen(path) for path in paths]
 
 
+CACHE_PREFIX, CACHE_SUFFIX = "vllm-scan-", ".json"
+
+
 def _cache_name(package_dir: str) -> str:
-    return f"vllm-scan-{hashlib.sha256(files.realpath(package_dir).encode()).hexdigest()[:16]}.json"
+    digest = hashlib.sha256(files.realpath(package_dir).encode()).hexdigest()[:16]
+    return f"{CACHE_PREFIX}{digest}{CACHE_SUFFIX}"
 
 
 def _watched(package_dir: str, extensions: list[str]) -> list[str]:
