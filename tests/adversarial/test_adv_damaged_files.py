@@ -154,32 +154,54 @@ def test_the_doctor_answers_on_a_last_json_of_the_wrong_shape(pods, run_python, 
     assert printed.stderr.startswith(f"tmaguard record: {last}") and "internal error" not in printed.stderr
 
 
-@pytest.mark.parametrize("damage", ["[]", "[" * 100000], ids=["an empty list", "nested 100000 deep"])
+def _a_nul_byte_in_a_path(document: dict) -> str:
+    """A stored path no file can have (stat raises ValueError, not OSError, on it)."""
+    if "entries" in document:  # verdicts.json: a file input
+        document["entries"][0]["files"].insert(0, ["stat", "/nul\0byte", ["error", 2]])
+    else:  # the scan cache: an extension it watches
+        document["other_extensions"].append("/nul\0byte.so")
+    return json.dumps(document)
+
+
+# damage -> (what the cache file then holds, from what the guard wrote; whether it is JSON of no cache's shape
+# at all, which the doctor names)
+DAMAGED_CACHES = {
+    "an empty list": (lambda document: "[]", True),
+    "nested 100000 deep": (lambda document: "[" * 100000, True),
+    "a NUL byte in a path": (_a_nul_byte_in_a_path, False),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGED_CACHES)
 def test_a_damaged_cache_is_replaced_by_the_next_process(pods, run_python, tmp_path, damage) -> None:
     """Item 10: a damaged vLLM scan cache (a JSON list, or nesting too deep to parse) made every later
     process say "internal error, leaving vLLM as it is" (vLLM then failed), and the file was never rewritten,
     so the pod never recovered; a damaged verdicts.json was never rewritten either (the cache stayed off).
-    Attack: both damaged after a first process wrote them. The next vLLM process decides normally (vLLM
-    starts with the fix) and rewrites both as valid files; the one after it replays; the doctor names each
-    damaged file, with its fix."""
+    Attack: both damaged after a first process wrote them (also: JSON of the right shape naming a path with
+    a NUL byte, which still crashed every full run). The next vLLM process decides normally (vLLM starts
+    with the fix) and rewrites both as valid files; the one after it replays; the doctor names each file
+    that is not JSON of a cache's shape, with its fix."""
     pod = pods("vcuda", cc="9.0")
     first = run_python(pod, ACTIVATE, timeout=VLLM_START_S)
     (scan,) = first.record_dir.glob("vllm-scan-*.json")
     verdicts = first.record_dir / "verdicts.json"
-    for cache in (scan, verdicts):
-        cache.write_text(damage)  # the same file: this user's, 0600
+    damaged, named_by_the_doctor = DAMAGED_CACHES[damage]
+    written = {cache: json.loads(cache.read_text()) for cache in (scan, verdicts)}
+    for cache, document in written.items():
+        cache.write_text(damaged(document))  # the same file: this user's, 0600
 
     started = run_python(pod, VLLM_START, timeout=VLLM_START_S)
     decided = _starts_with_the_fix(started)
     assert decided_afresh(decided)
     rescanned = _json_object(scan)
     assert rescanned["version"] == decided["vllm"]["version"] and rescanned["extensions"]
+    assert not any("\0" in path for path in rescanned["other_extensions"])
     assert _json_object(verdicts)["entries"][0]["record"]["pid"] == decided["pid"]
     later = run_python(pod, ACTIVATE, timeout=VLLM_START_S)
     assert own_record(later)["replayed_from"] == decided["pid"]
 
-    for cache in (scan, verdicts):  # damaged again: the doctor names each
-        cache.write_text(damage)
+    for cache, document in written.items():  # damaged again: the doctor names each file it cannot read
+        cache.write_text(damaged(document))
     report = json.loads(tmaguard(pod, first.record_dir, "doctor", "--json", timeout=COMMAND_S).stdout)
     named = {f["subject"] for f in report["findings"] if f["id"] == "cache-unusable"}
-    assert named == {str(scan), str(verdicts)}
+    assert named == ({str(scan), str(verdicts)} if named_by_the_doctor else set())
