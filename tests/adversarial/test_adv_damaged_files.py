@@ -7,6 +7,7 @@ its memory (advkit_b.tmaguard)."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from pathlib import Path
@@ -163,12 +164,22 @@ def _a_nul_byte_in_a_path(document: dict) -> str:
     return json.dumps(document)
 
 
+def _a_field_missing(document: dict) -> str:
+    """A field its reader needs taken out of a document otherwise as the guard wrote it."""
+    if "entries" in document:  # verdicts.json: the stored record's problems (its line reads them)
+        del document["entries"][0]["record"]["problems"]
+    else:  # the scan cache: whether vLLM has platform plugins
+        del document["platform_plugins"]
+    return json.dumps(document)
+
+
 # damage -> (what the cache file then holds, from what the guard wrote; whether it is JSON of no cache's shape
 # at all, which the doctor names)
 DAMAGED_CACHES = {
     "an empty list": (lambda document: "[]", True),
     "nested 100000 deep": (lambda document: "[" * 100000, True),
     "a NUL byte in a path": (_a_nul_byte_in_a_path, False),
+    "a field missing": (_a_field_missing, False),
 }
 
 
@@ -178,9 +189,11 @@ def test_a_damaged_cache_is_replaced_by_the_next_process(pods, run_python, tmp_p
     process say "internal error, leaving vLLM as it is" (vLLM then failed), and the file was never rewritten,
     so the pod never recovered; a damaged verdicts.json was never rewritten either (the cache stayed off).
     Attack: both damaged after a first process wrote them (also: JSON of the right shape naming a path with
-    a NUL byte, which still crashed every full run). The next vLLM process decides normally (vLLM starts
-    with the fix) and rewrites both as valid files; the one after it replays; the doctor names each file
-    that is not JSON of a cache's shape, with its fix."""
+    a NUL byte, which still crashed every full run; a stored record lacking a field its line reads, which
+    failed after its libraries were loaded, so that every later process ran the full run over a mapped
+    libcuda.so.1: shims and a warning instead of the overlay). The next vLLM process decides normally (vLLM
+    starts with the fix) and rewrites both as valid files; the one after it replays; the doctor names each
+    file that is not JSON of a cache's shape, with its fix."""
     pod = pods("vcuda", cc="9.0")
     first = run_python(pod, ACTIVATE, timeout=VLLM_START_S)
     (scan,) = first.record_dir.glob("vllm-scan-*.json")
@@ -188,7 +201,7 @@ def test_a_damaged_cache_is_replaced_by_the_next_process(pods, run_python, tmp_p
     damaged, named_by_the_doctor = DAMAGED_CACHES[damage]
     written = {cache: json.loads(cache.read_text()) for cache in (scan, verdicts)}
     for cache, document in written.items():
-        cache.write_text(damaged(document))  # the same file: this user's, 0600
+        cache.write_text(damaged(copy.deepcopy(document)))  # the same file: this user's, 0600
 
     started = run_python(pod, VLLM_START, timeout=VLLM_START_S)
     decided = _starts_with_the_fix(started)
@@ -201,7 +214,7 @@ def test_a_damaged_cache_is_replaced_by_the_next_process(pods, run_python, tmp_p
     assert own_record(later)["replayed_from"] == decided["pid"]
 
     for cache, document in written.items():  # damaged again: the doctor names each file it cannot read
-        cache.write_text(damaged(document))
+        cache.write_text(damaged(copy.deepcopy(document)))
     report = json.loads(tmaguard(pod, first.record_dir, "doctor", "--json", timeout=COMMAND_S).stdout)
     named = {f["subject"] for f in report["findings"] if f["id"] == "cache-unusable"}
     assert named == ({str(scan), str(verdicts)} if named_by_the_doctor else set())
