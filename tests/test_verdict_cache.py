@@ -191,13 +191,13 @@ def test_validate_mode_replays_and_changes_nothing(pods, run_python) -> None:
     assert later.result["error"].endswith("undefined symbol: cuTensorMapEncodeTiled")  # nothing loaded
 
 
-@pytest.mark.parametrize("damage", ["not private", "a link", "not JSON", "another version"])
+@pytest.mark.parametrize("damage", ["writable by others", "a link", "not JSON", "another version"])
 def test_a_cache_file_that_is_not_ours_alone_is_ignored(pods, run_python, tmp_path, damage) -> None:
     pod = pods("vcuda", cc="9.0")
     first = run_python(pod, SAYS_PID + RESOLVE_PLATFORM)
     cache = first.record_dir / "verdicts.json"
-    if damage == "not private":
-        cache.chmod(0o644)
+    if damage == "writable by others":  # readable by others is no concern: nobody else could have written it
+        cache.chmod(0o646)
     elif damage == "a link":
         stored = tmp_path / "elsewhere.json"
         cache.rename(stored)

@@ -68,11 +68,12 @@ def record() -> None:
     found = read_record(_toggles().record_dir)
     if found["error"] or not found["found"] or found["record"].get("schema") != SCHEMA:
         where = found["path"] or f"{found['asked']} (refused: {found['refused']})"
-        why = found["error"] or (
+        missing = (
             "a record of another schema" if found["found"] else
             "no record there yet" if found["path"] else "no record directory this user may read"
         )  # fmt: skip
-        _echo(f"tmaguard record: {where}: {why}", err=True)
+        why = found["error"] or f"{where}: {missing}"
+        _echo(f"tmaguard record: {why}", err=True)  # an error names the file itself
         raise typer.Exit(EXIT_FINDINGS)
     _echo(json.dumps(found["record"], indent=1))
 

@@ -383,6 +383,8 @@ def read_private(directory_path: str, name: str, limit: int = PRIVATE_JSON_LIMIT
         path = os.path.join(directory_path, name)
         try:
             fd = _open_regular(name, limit, dir_fd=dir_fd, follow=False)
+        except Refused as refused:  # named by its path, not by its name in the directory
+            raise Refused(path, refused.why) from None
         except OSError as error:
             if error.errno == errno.ELOOP:
                 raise Refused(path, "is a symbolic link") from None

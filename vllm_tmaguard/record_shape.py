@@ -74,12 +74,32 @@ FIELDS: dict[str, Check] = {
 }
 
 
+# A record nests five levels deep; its readers walk it recursively (the doctor's rendering, redaction, the
+# JSON encoders), so a deeper one (a free field of a damaged or forged file) is not read as a record.
+MAX_DEPTH = 32
+
+
+def nested_deeper(data: Any, limit: int = MAX_DEPTH) -> bool:
+    """Whether `data` has lists or objects nested more than `limit` levels (walked without recursion)."""
+    stack = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, (dict, list)):
+            if depth > limit:
+                return True
+            stack.extend((item, depth + 1) for item in (value.values() if isinstance(value, dict) else value))
+    return False
+
+
 def why_not_a_record(data: Any) -> str | None:
     """Why `data` is not a record of this schema (None: it is one), naming the first field that is off."""
     if not isinstance(data, dict):
         return f"holds {type(data).__name__}, not a record (a JSON object)"
+    if nested_deeper(data):
+        return f"nests lists or objects more than {MAX_DEPTH} levels deep (a record nests a few)"
     if data.get("schema") != SCHEMA:
-        return f"has schema {data.get('schema')!r}, not {SCHEMA} (another version of vllm-tmaguard wrote it?)"
+        shown = repr(data.get("schema"))[:60]
+        return f"has schema {shown}, not {SCHEMA} (another version of vllm-tmaguard wrote it?)"
     for name, check in FIELDS.items():
         if name not in data:
             return f"lacks the field {name!r}"

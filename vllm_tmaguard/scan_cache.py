@@ -26,8 +26,12 @@ def _signature(paths: list[str]) -> list[Any]:
     return [files.seen(path) for path in paths]
 
 
+CACHE_PREFIX, CACHE_SUFFIX = "vllm-scan-", ".json"
+
+
 def _cache_name(package_dir: str) -> str:
-    return f"vllm-scan-{hashlib.sha256(files.realpath(package_dir).encode()).hexdigest()[:16]}.json"
+    digest = hashlib.sha256(files.realpath(package_dir).encode()).hexdigest()[:16]
+    return f"{CACHE_PREFIX}{digest}{CACHE_SUFFIX}"
 
 
 def _watched(package_dir: str, extensions: list[str]) -> list[str]:
@@ -38,13 +42,18 @@ def _strings(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(item, str) for item in value)
 
 
+def _path(value: Any) -> bool:
+    """A path as store() writes it: absolute, no NUL byte (no file could have it: stat raises ValueError)."""
+    return isinstance(value, str) and os.path.isabs(value) and "\0" not in value
+
+
 def _extension(data: Any) -> Extension | None:
     """One cached extension, or None where it is not as store() writes it."""
     if not isinstance(data, dict):
         return None
     module, path, symbols = data.get("module"), data.get("path"), data.get("driver_symbols")
     error, absent = data.get("error"), data.get("absent")
-    if not (isinstance(module, str) and isinstance(path, str) and _strings(symbols)):
+    if not (isinstance(module, str) and _path(path) and _strings(symbols)):
         return None
     if not (error is None or isinstance(error, str)) or not isinstance(absent, bool):
         return None
@@ -60,7 +69,8 @@ def _facts(cached: Any, package_dir: str) -> VllmFacts | None:
     version, kernels = cached.get("version"), cached.get("kernels_listed")
     shaped = (
         cached.get("package_dir") == package_dir and None not in extensions
-        and _strings(cached.get("other_extensions")) and _strings(cached.get("imported_at_platform_load"))
+        and _strings(cached.get("other_extensions")) and all(map(_path, cached["other_extensions"]))
+        and _strings(cached.get("imported_at_platform_load"))
         and isinstance(cached.get("platform_plugins"), bool) and isinstance(cached.get("signature"), list)
         and (version is None or isinstance(version, str)) and (kernels is None or _strings(kernels))
     )  # fmt: skip

@@ -27,6 +27,7 @@ from typing import Any
 from . import __version__
 from .files import default_record_dir, observe, private_problem, read_private_json, write_private
 from .issue import Issued, issue
+from .line import level_of, render
 from .process import (
     LIBRARY_PATH,
     answering,
@@ -210,6 +211,19 @@ def _replayable_here(entry: dict[str, Any]) -> bool:
     return not secret_values(appearing)
 
 
+def _issuable(record: dict[str, Any]) -> bool:
+    """Whether the stored record can be written and logged as it is, tried before anything is changed: a
+    damaged one (a field its line reads missing or of another type, nesting the encoder refuses) sends the
+    process to the full run, which replaces the entry, instead of failing after its libraries are loaded."""
+    try:
+        json.dumps(record)
+        level_of(record)
+        render(record)
+    except Exception:  # whatever a damaged document raises (KeyError, TypeError, RecursionError...)
+        return False
+    return True
+
+
 def redo(plan: dict[str, Any]) -> bool:
     """Makes the plan's changes again, in the full run's order; False (the full run then decides) when a
     library does not load as it did."""
@@ -245,7 +259,9 @@ def replay(trigger: str) -> Issued | None:
     started = time.perf_counter()
     directory = replay_directory()
     entry = _matching(load_entries(directory)) if directory else None
-    if entry is None or directory is None or not _replayable_here(entry) or not redo(entry["redo"]):
+    if entry is None or directory is None or not _replayable_here(entry) or not _issuable(entry["record"]):
+        return None
+    if not redo(entry["redo"]):
         return None
     stored = entry["record"]
     elapsed = round((time.perf_counter() - started) * 1e3, 3)

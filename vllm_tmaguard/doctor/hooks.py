@@ -14,8 +14,10 @@ from .. import __version__, files
 from ..catalogue import SHIM_FILES, overlay_path, shim_path
 from ..issue import LAST_RECORD
 from ..record_shape import SCHEMA, why_not_a_record
+from ..scan_cache import CACHE_PREFIX, CACHE_SUFFIX
 from ..store import record_dir_to_read
 from ..supply import Supply
+from ..verdict import CACHE_FILE
 
 
 def _library_file(supply: Supply) -> str | None:
@@ -88,6 +90,7 @@ def read_record(asked_dir: str) -> dict[str, Any]:
     out: dict[str, Any] = {
         "path": path, "asked": asked_dir, "refused": where.refused,
         "found": False, "age_s": None, "error": None, "record": None,
+        "unusable_caches": unusable_caches(where.path),
     }  # fmt: skip
     if where.path is None or path is None:
         return out
@@ -107,3 +110,30 @@ def read_record(asked_dir: str) -> dict[str, Any]:
     with contextlib.suppress(OSError):
         out["age_s"] = round(time.time() - os.lstat(path).st_mtime, 1)
     return out
+
+
+def _a_cache(name: str) -> bool:
+    return name == CACHE_FILE or (name.startswith(CACHE_PREFIX) and name.endswith(CACHE_SUFFIX))
+
+
+def unusable_caches(directory: str | None) -> list[dict[str, str]]:
+    """The guard's caches in its record directory (verdicts.json, the vLLM scans) that no vLLM process can
+    read, each with why: not a regular file of this user's alone, or not a JSON object. The next full run
+    replaces such a file where it can (a directory in its place it cannot); until then every vLLM process
+    decides afresh. A cache of another version is no finding (it is replaced the same way, as intended)."""
+    try:
+        names = files.listdir(directory) if directory else []
+    except OSError:
+        return []
+    unusable = []
+    for name in filter(_a_cache, names):
+        path = os.path.join(directory or "", name)
+        try:
+            document = files.read_private_json(directory or "", name)
+        except (OSError, ValueError) as error:
+            unusable.append({"path": path, "error": str(error)})
+            continue
+        if not isinstance(document, dict):
+            shape = f"{path}: holds {type(document).__name__}, not a JSON object"
+            unusable.append({"path": path, "error": shape})
+    return unusable

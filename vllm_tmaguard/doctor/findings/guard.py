@@ -147,7 +147,21 @@ def record_file_findings(record: dict[str, Any], libcuda: str | None) -> list[di
         )
     elif record["found"]:
         findings += _record_findings(record, libcuda)
-    return findings
+    return findings + [_cache_finding(cache) for cache in record["unusable_caches"]]
+
+
+def _cache_finding(cache: dict[str, str]) -> dict[str, Any]:
+    """A cache file no vLLM process can read: each decides afresh (a slower start, the same verdict) until a
+    full run replaces the file."""
+    return finding(
+        "cache-unusable",
+        "info",
+        "A cache file where the guard keeps its verdicts or vLLM scans cannot be read",
+        f"{cache['error']}. vLLM processes decide afresh (the same verdict, a slower start) until one "
+        "replaces the file, which it cannot where a directory stands in its place.",
+        subject=cache["path"],
+        fix=fix(f"Remove {cache['path']}: the next vLLM process writes it anew."),
+    )
 
 
 def _private_dir_fix(asked: str, default: bool, falls_back: bool) -> str:
