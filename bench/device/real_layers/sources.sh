@@ -49,6 +49,14 @@ if [ ! -d "$tp/nvml-include" ]; then    # HAMi-core and lupine include nvml.h (n
   rm -rf "$work"
   echo "nvml-include: PyPI nvidia-nvml-dev 13.0.87"
 fi
+if [ ! -d "$tp/cuda12-include" ]; then  # HAMi-core 93cf05d predates CUDA 13's cuda.h (cuMemPrefetchAsync_v2)
+  work=$(mktemp -d)
+  python3 -m pip download -q --no-deps -d "$work" nvidia-cuda-runtime-cu12==12.8.90
+  (cd "$work" && python3 -m zipfile -e ./*.whl x)
+  mkdir -p "$tp/cuda12-include" && cp -r "$work"/x/nvidia/cuda_runtime/include/. "$tp/cuda12-include/"
+  rm -rf "$work" "$tp/cuda12-include/__init__.py"
+  echo "cuda12-include: PyPI nvidia-cuda-runtime-cu12 12.8.90"
+fi
 # One compressed file to carry (a device call carries 64 MiB in all; the trees are ~18 MB, packed ~2 MB).
 mkdir -p .dev && tar --exclude=./research -cJf .dev/thirdparty.tar.xz -C "$tp" .
 du -sh "$tp" .dev/thirdparty.tar.xz
