@@ -444,6 +444,16 @@ def append_line(path: str, line: str) -> None:
         os.close(fd)
 
 
+def discard_into_null(fd: int) -> None:
+    """Makes descriptor `fd` write into /dev/null (an output that failed: what is left is dropped). Raises
+    OSError."""
+    null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.dup2(null, fd)
+    finally:
+        os.close(null)
+
+
 def make_private_dirs(path: str) -> None:
     """mkdir -p with mode 0700 for every directory it creates (os.makedirs gives parents 0777 & ~umask).
     Follows nothing it did not create: the checks come after (directory())."""

@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from ..codes import EXIT_INTERNAL
-from ..files import write_private
+from ..files import discard_into_null, write_private
 from ..line import printable
 from ..redaction import redact
 from ..store import open_record_dir
@@ -133,9 +133,7 @@ def _discard_output() -> None:
         sys.stdout.flush()
         return
     with contextlib.suppress(Exception):
-        null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
-        os.dup2(null, sys.stdout.fileno())
-        os.close(null)
+        discard_into_null(sys.stdout.fileno())
 
 
 def _report(args: argparse.Namespace) -> dict[str, Any]:
