@@ -75,6 +75,9 @@ SCRUBBED_PREFIXES = (
     "CUDA_",
     "LUPINE_",
     "PYTHONPATH",
+    "POD_MANAGER_PORT",  # KubeShare's, vgpu-manager's and nvshare's (FIELD_KINDS)
+    "MANAGER_VISIBLE_DEVICES",
+    "NVSHARE_",
 )
 
 
