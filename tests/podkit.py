@@ -12,6 +12,7 @@ import fcntl
 import json
 import os
 import shutil
+import socket
 import struct
 import subprocess
 import sysconfig
@@ -25,6 +26,16 @@ CSRC = TESTS_DIR / "csrc"
 DEFAULT_BUILD_DIR = TESTS_DIR / ".build"
 
 KINDS = ("bare", "vcuda", "vcuda-v105", "vcuda-fork", "hami", "lupine", "nogpu")
+# The other sharing layers found in the field (issue 26), laid out as their device plugins lay them out:
+# vgpu-manager's /etc/ld.so.preload entry, nvshare's preload and its scheduler's socket, lupine's client
+# libcuda.so.1, and a KubeShare pod as a debug copy sees it (its hook mounted, the preload taken out: on
+# this glibc the hook kills every process it is preloaded into). Kept apart from KINDS, whose pods every
+# stand-in test builds.
+FIELD_KINDS = ("vgpu-manager", "nvshare", "kubeshare", "lupine-client")
+VGPU_MANAGER_PRELOAD = "/etc/vgpu-manager/driver/libvgpu-control.so"
+NVSHARE_PRELOAD = "/usr/lib/nvshare/libnvshare.so"
+NVSHARE_SOCKET = "var/run/nvshare/scheduler.sock"
+KUBESHARE_HOOK = "/kubeshare/library/libgemhook.so.1"
 # tkestack vCUDA master, its release v1.0.5, and a fork with the CUDA 12 entry points
 # (tests/csrc/standin_layer.c).
 VCUDA_KINDS = ("vcuda", "vcuda-v105", "vcuda-fork")
@@ -64,6 +75,9 @@ SCRUBBED_PREFIXES = (
     "CUDA_",
     "LUPINE_",
     "PYTHONPATH",
+    "POD_MANAGER_PORT",  # KubeShare's, vgpu-manager's and nvshare's (FIELD_KINDS)
+    "MANAGER_VISIBLE_DEVICES",
+    "NVSHARE_",
 )
 
 
@@ -206,6 +220,26 @@ _TARGETS: dict[str, _Target] = {
         (*LIB_FLAGS, "-pthread", "-Wl,-soname,libnvidia-ml.so.1"),
     ),
     "vgpu": _Target("libvgpu.so", "standin_vgpu.c", ("-fvisibility=hidden",), ("-ldl",)),
+    "vgpu_manager": _Target(
+        "libvgpu-control.so",
+        "standin_vgpu_manager.c",
+        ("-fvisibility=hidden", "-Wl,-soname,libvgpu-control.so"),
+        ("-ldl",),
+    ),
+    "nvshare": _Target(
+        "libnvshare.so",
+        "standin_nvshare.c",
+        ("-fvisibility=hidden", "-pthread", "-Wl,-soname,libnvshare.so"),
+        ("-ldl",),
+    ),
+    # No SONAME, glibc-private symbols left undefined: loadable only where glibc still exports them (< 2.34).
+    "gemhook": _Target("libgemhook.so.1", "standin_gemhook.c", ("-fvisibility=hidden",)),
+    "layer_lupine_client": _Target(
+        "libcuda-lupine-client.so",
+        "standin_layer.c",
+        (*LIB_FLAGS, "-DLAYER_STANDALONE", "-DLAYER_LUPINE_CLIENT", "-Wl,-soname,libcuda.so.1"),
+        ("-ldl",),
+    ),
 }
 
 
@@ -252,7 +286,7 @@ def build_standins(build_dir: Path) -> dict[str, Path]:
     """Compile every stand-in (once; up-to-date outputs are kept).
 
     Returns name -> path for: driver, layer, layer_v105, layer_fork, layer_standalone, nvml, vgpu,
-    old_vllm_ext, driver_calls_ext.
+    vgpu_manager, nvshare, gemhook, layer_lupine_client, old_vllm_ext, driver_calls_ext.
     """
     build_dir = Path(build_dir)
     build_dir.mkdir(parents=True, exist_ok=True)
@@ -351,6 +385,7 @@ def build_pod(
     quota: int = VCUDA_QUOTA,
     vcuda_config: bool = True,
     nvml_is_layer: bool = True,
+    scheduler_socket: bool = True,
     build_dir: Path | None = None,
 ) -> Pod:
     """Lay out an emulated pod of `kind` (see KINDS) in a new directory under `base`. The GPU is named
@@ -358,9 +393,10 @@ def build_pod(
     quota (its vcuda.config, absent when `vcuda_config` is False). `nvml_is_layer` False: a vCUDA pod
     whose libnvidia-ml.so.1 is a plain NVML that loads libcuda.so.1 by that name in nvmlInit (as NVIDIA's
     does): the layer then answers libcuda.so.1 for vLLM's extensions whatever its init does, which the
-    tests of damaged files rely on. (In a real vCUDA pod torch has mapped libcuda.so.1 before that.)"""
-    if kind not in KINDS:
-        raise ValueError(f"unknown pod kind {kind!r}; expected one of {', '.join(KINDS)}")
+    tests of damaged files rely on. (In a real vCUDA pod torch has mapped libcuda.so.1 before that.)
+    `scheduler_socket` False: an nvshare pod whose scheduler's socket is not there (FIELD_KINDS)."""
+    if kind not in KINDS + FIELD_KINDS:
+        raise ValueError(f"unknown pod kind {kind!r}; expected one of {', '.join(KINDS + FIELD_KINDS)}")
     gpu_name = gpu_name or GPU_OF_CAPABILITY[cc]
     libs = build_standins(build_dir or DEFAULT_BUILD_DIR)
     root = _unique_dir(Path(base), kind)
@@ -383,15 +419,18 @@ def build_pod(
         }
     )
 
-    if kind == "lupine":
-        _install(libs["layer_standalone"], lib_dir / "libcuda.so.1")
+    if kind in ("lupine", "lupine-client"):
+        client = libs["layer_standalone" if kind == "lupine" else "layer_lupine_client"]
+        _install(client, lib_dir / "libcuda.so.1")
         env["LUPINE_SERVER"] = "127.0.0.1:9999"
         return Pod(kind, root, lib_dir, None, env)
 
     real_driver = lib_dir / f"libcuda.so.{driver}"
     _install(libs["driver"], real_driver)
-    if kind in ("bare", "hami"):
+    if kind in ("bare", "hami", *FIELD_KINDS):
         _install(libs["driver"], lib_dir / "libcuda.so.1")
+    if kind in FIELD_KINDS:
+        env.update(_field_layer(root, kind, libs, scheduler_socket))
     if kind == "hami":
         vgpu = root / "usr/local/vgpu/libvgpu.so"
         vgpu.parent.mkdir(parents=True)
@@ -430,6 +469,52 @@ def build_pod(
         env["STANDIN_VCUDA_ROOT"] = str(root)
 
     return Pod(kind, root, lib_dir, real_driver, env)
+
+
+def _field_layer(root: Path, kind: str, libs: dict[str, Path], scheduler_socket: bool) -> dict[str, str]:
+    """The files and variables of a FIELD_KINDS pod (its libcuda.so.1 is NVIDIA's); the loader's own
+    /etc/ld.so.preload of this machine is never touched: the pod's preload file is under its root, and its
+    processes get the library through LD_PRELOAD."""
+    if kind == "vgpu-manager":
+        control = root / VGPU_MANAGER_PRELOAD.lstrip("/")
+        control.parent.mkdir(parents=True)
+        _install(libs["vgpu_manager"], control)
+        (root / "etc/ld.so.preload").write_text(VGPU_MANAGER_PRELOAD + "\n")
+        (root / "etc/vgpu-manager/config").mkdir(parents=True)
+        return {
+            "LD_PRELOAD": str(control.resolve()),
+            "CUDA_MEM_LIMIT_0": "8192m",
+            "CUDA_CORE_LIMIT_0": "50",
+            "MANAGER_VISIBLE_DEVICES": "GPU-5c2f6b3a-0000-4000-8000-000000000001",
+        }
+    if kind == "nvshare":
+        hook = root / NVSHARE_PRELOAD.lstrip("/")
+        hook.parent.mkdir(parents=True)
+        _install(libs["nvshare"], hook)
+        # nvshare opens the driver by its unversioned name (the container toolkit's link).
+        os.symlink("libcuda.so.1", root / "usr/local/nvidia/lib64/libcuda.so")
+        socket_path = root / NVSHARE_SOCKET
+        socket_path.parent.mkdir(parents=True)
+        if scheduler_socket:  # a socket file, as the plugin's bind mount makes one (tests listen on it)
+            bind_socket(socket_path).close()
+        return {"LD_PRELOAD": str(hook.resolve()), "STANDIN_NVSHARE_ROOT": str(root)}
+    if kind == "kubeshare":
+        hook = root / KUBESHARE_HOOK.lstrip("/")
+        hook.parent.mkdir(parents=True)
+        _install(libs["gemhook"], hook)
+        (hook.parent / "schedulerIP.txt").write_text("10.0.0.7\n")
+        return {"POD_MANAGER_PORT": "50051", "POD_NAME": "default/vllm"}
+    return {}
+
+
+def bind_socket(path: Path) -> socket.socket:
+    """A Unix socket bound at `path` and listening (its file stays after close: a scheduler gone away)."""
+    if len(str(path).encode()) >= 108:
+        raise ValueError(f"{path}: too long for a Unix socket address (108 bytes)")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(8)
+    return listener
 
 
 # Imports the vLLM 0.6 look-alike (build_old_vllm on PYTHONPATH), encodes through its `_C`, prints RESULT.

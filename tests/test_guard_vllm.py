@@ -117,7 +117,8 @@ def test_with_guard_vllm_starts_and_encoder_reaches_real_driver(pods, run_python
         assert (problem["code"], problem["symbol"]) == ("handle-scoped-gap", "cuGetProcAddress_v2")
 
 
-@pytest.mark.parametrize("kind", ["bare", "vcuda-fork", "hami"])
+# Not the vCUDA fork: its look-ups hand out legacy ABIs, so the overlay answers them (test_layers_field.py).
+@pytest.mark.parametrize("kind", ["bare", "hami"])
 def test_complete_libcuda_loads_nothing_and_says_so(pods, run_python, kind: str) -> None:
     run = run_python(
         pods(kind), RESOLVE_PLATFORM + "\nprint(open('/proc/self/maps').read().count('tmaguard'))"
@@ -128,7 +129,7 @@ def test_complete_libcuda_loads_nothing_and_says_so(pods, run_python, kind: str)
     assert "INFO" in line and "has every entry point needed" in line
     record = run.last_record()
     assert record["outcome"] == "nothing-missing" and record["supplied"] == {} and record["actions"] == []
-    expected_layer = {"bare": [], "vcuda-fork": ["vcuda-fork"], "hami": ["hami"]}[kind]
+    expected_layer = {"bare": [], "hami": ["hami"]}[kind]
     assert [layer["name"] for layer in record["layers"]] == expected_layer
 
 

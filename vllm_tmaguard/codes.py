@@ -7,6 +7,9 @@ DRIVER_MISSING = "driver-missing"  # no libcuda.so.1 at all
 DRIVER_UNREADABLE = "driver-unreadable"
 SYMBOL_UNSUPPLIED = "symbol-unsupplied"  # vLLM needs it, the layer lacks it, nothing here supplies it
 HANDLE_SCOPED_GAP = "handle-scoped-gap"  # looked up in libcuda.so.1's handle, which shims cannot answer
+LOOKUP_SWAPPED = "lookup-swapped"  # a vCUDA build's cuGetProcAddress_v2 answers, handing out legacy ABIs
+LAYER_DAEMON_MISSING = "layer-daemon-missing"  # a layer's daemon is unreachable: its first CUDA call dies
+LAYER_CANNOT_LOAD = "layer-cannot-load"  # a preloaded layer this glibc cannot load: every process dies
 OVERLAY_FAILED = "overlay-failed"
 SHIM_FAILED = "shim-failed"
 ROOT_REFUSED = "root-refused"  # a libcuda.so.1 found only under TMAGUARD_ROOT: nothing is loaded for it
@@ -18,6 +21,9 @@ TOGGLE_INVALID = "toggle-invalid"
 TOGGLE_UNKNOWN = "toggle-unknown"  # a TMAGUARD_* variable that is not a toggle (a typo of one)
 ROUTING_OVERRIDE = "routing-override"  # a user setting the guard had to override
 ROUTING_IMPOSSIBLE = "routing-impossible"  # the user insists on what cannot be had (stops start-up)
+
+# Problems after which no CUDA call succeeds in the pod (the doctor never calls TMA usable beside one).
+CUDA_BROKEN = frozenset({LOOKUP_SWAPPED, LAYER_DAEMON_MISSING, LAYER_CANNOT_LOAD})
 
 # Outcome values: what an operator filters on (and fleet metrics count).
 NO_GPU = "no-gpu"  # no GPU and no libcuda.so.1: nothing to do

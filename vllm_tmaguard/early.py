@@ -11,6 +11,7 @@ from collections.abc import Mapping
 
 from .catalogue import DRIVER_LIBRARY, OVERLAY_TRIGGERS
 from .elf import ElfError, read_elf
+from .layers import is_vcuda_build
 from .loader import resolve_library
 from .process import read_loaded_objects
 
@@ -21,7 +22,8 @@ def vllm_installed() -> bool:
 
 
 def guard_needed_before(environ: Mapping[str, str]) -> bool:
-    """libcuda.so.1, as the loader would pick it now, is a file that lacks what the guard supplies."""
+    """libcuda.so.1, as the loader would pick it now, is a file that lacks what the guard supplies, or a vCUDA
+    build whose look-ups the guard's overlay answers instead."""
     if environ.get("TMAGUARD_MODE", "").strip().lower() == "off":
         return False
     root = environ.get("TMAGUARD_ROOT") or "/"
@@ -29,10 +31,10 @@ def guard_needed_before(environ: Mapping[str, str]) -> bool:
     if resolution.path is None or resolution.how == "mapped":
         return False  # nothing to load a library in front of, or too late: the guard says so at vLLM's import
     try:
-        exported = read_elf(resolution.path, prefixes=(b"cu",)).defined
+        info = read_elf(resolution.path, prefixes=(b"cu", b"g_vcuda"))
     except ElfError:
         return False
-    return not all(name in exported for name in OVERLAY_TRIGGERS)
+    return is_vcuda_build(info) or not all(name in info.defined for name in OVERLAY_TRIGGERS)
 
 
 def torch_first_needs_guard() -> bool:

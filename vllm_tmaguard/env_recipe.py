@@ -8,6 +8,7 @@ from . import files, trust
 from .catalogue import OVERLAY_TRIGGERS
 from .facts import Facts
 from .overlay import overlay_image
+from .supply import swapped_lookups
 
 DEFAULT_INSTALL_DIR = "/opt/tmaguard"
 
@@ -57,7 +58,8 @@ def recipe(
             "overlay can stand in front of"
         ], 1
     lacking = [name for name in OVERLAY_TRIGGERS if name not in driver.info.defined]
-    if not lacking:
+    swapped = swapped_lookups(facts)
+    if not lacking and not swapped:
         return [f"# {driver.path} exports every entry point the overlay would add: nothing to do"], 0
     refused = _refusal(facts, root)
     if refused is not None:
@@ -66,10 +68,16 @@ def recipe(
     directory = install_dir or DEFAULT_INSTALL_DIR
     others = [p for p in environ.get("LD_LIBRARY_PATH", "").split(":") if p and p != directory]
     library_path = ":".join([directory, *others])
+    why = (
+        f"lacks {', '.join(lacking)} (and the rest of CUDA 12's entry points)."
+        if lacking
+        else f"answers {', '.join(swapped)} with its legacy-ABI hooks (CUDA_ERROR_INVALID_CONTEXT)."
+    )
     lines = [
-        f"# {layer}: {driver.path} lacks {', '.join(lacking)} (and the rest of CUDA 12's entry points).",
-        "# The overlay is a libcuda.so.1 that loads that file and adds only what it lacks; the layer keeps",
-        "# metering every call it knows. Every process must find it first on its library path.",
+        f"# {layer}: {driver.path} {why}",
+        "# The overlay is a libcuda.so.1 that loads that file and adds only what it lacks (and answers the",
+        "# look-ups itself); the layer keeps metering every call it knows. Every process must find it first",
+        "# on its library path.",
     ]
     if install_dir:
         try:

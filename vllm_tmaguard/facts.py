@@ -7,7 +7,7 @@ from typing import NamedTuple
 from .catalogue import DRIVER_LIBRARY, ENCODERS, MARKER
 from .elf import ElfError, ElfInfo, read_elf
 from .gpu import cuda_version_of_driver, read_driver_version
-from .layers import Layer, detect_layers, gather_evidence
+from .layers import LIBCUDA_PREFIXES, Layer, detect_layers, gather_evidence
 from .loader import LibraryResolution, find_real_driver, resolve_library
 from .process import read_loaded_objects
 from .scan_cache import probe_vllm_cached
@@ -60,10 +60,10 @@ def probe_driver(environ: Mapping[str, str], root: str) -> DriverFacts:
     if resolution.path is None:
         return DriverFacts(resolution, None, module_version=module_version)
     try:
-        info = read_elf(resolution.path, prefixes=(b"cu", b"g_vcuda", MARKER.encode()))
+        info = read_elf(resolution.path, prefixes=(*LIBCUDA_PREFIXES, MARKER.encode()))
         overlay_of = _overlaid_layer(info)
         if overlay_of is not None:
-            info = read_elf(overlay_of, prefixes=(b"cu", b"g_vcuda"))
+            info = read_elf(overlay_of, prefixes=LIBCUDA_PREFIXES)
     except ElfError as error:
         return DriverFacts(resolution, None, error=error.why, module_version=module_version)
     real, searched = None, None

@@ -1,9 +1,16 @@
 """Sharing-layer fingerprints (docs/design.md §2.9, §2.10): cheap, passive evidence only. Never calls into the
-layer (its cuInit/nvmlInit may fork a helper or exit; some override dlsym): reads files, the environment
-and ELF tables. A layer is named only on evidence from the library that answers libcuda.so.1 (its SONAME,
-its exports) or from what the loader preloads; files and variables alone are not enough (a bare driver in
-an image that once had /etc/vcuda is no vCUDA pod). A libcuda.so.1 that lacks what every real driver of its
-era exports, with no layer named, is an unrecognized layer."""
+layer (its cuInit/nvmlInit may fork a helper or exit; some override dlsym) and never connects to its
+daemon: reads files (ELF tables of the library answering libcuda.so.1 and of each preloaded library, a stat
+of a layer's socket), the environment. A layer is named only on evidence from the library that answers
+libcuda.so.1 (its SONAME, its exports) or from what the loader preloads; files and variables alone are not
+enough (a bare driver in an image that once had /etc/vcuda is no vCUDA pod), with one exception: KubeShare's
+hook, mounted at its fixed path with the pod manager's variable, in a debug copy of a pod whose preload was
+taken out (the preload kills every process on glibc >= 2.34, the doctor's included). A libcuda.so.1 that
+lacks what every real driver of its era exports, with no layer named, is an unrecognized layer.
+
+Each layer carries its commit family where its exports tell it (the metering table, metering.py, is per
+family) and the conditions found beside it (codes: a daemon's socket missing, a hook this glibc cannot
+load)."""
 
 import os
 from collections.abc import Mapping
@@ -11,18 +18,58 @@ from typing import NamedTuple
 
 from . import files
 from .catalogue import ENCODERS, OVERLAY_TRIGGERS, PROC_ADDRESS_V2
-from .elf import ElfInfo
+from .elf import ElfError, ElfInfo, read_elf
 from .loader import under_root
+from .process import mapped_named, read_loaded_objects
 
 # Layer names, with what an operator reads in the log line.
 LABELS = {
     "vcuda": "tkestack vCUDA",
-    "vcuda-fork": "a vCUDA fork (exports the CUDA 12 entry points)",
+    "vcuda-fork": "a vCUDA fork (CUDA 12)",
     "hami": "HAMi-core",
+    "vgpu-manager": "vgpu-manager",
+    "nvshare": "nvshare",
     "lupine": "lupine (GPU over the network)",
+    "kubeshare": "KubeShare/Gemini",
     "cgpu": "Alibaba cGPU",
     "mps": "NVIDIA MPS",
     "unrecognized": "an unrecognized GPU-sharing layer",
+}
+# Layers that are the process's libcuda.so.1 (the others are preloaded in front of NVIDIA's, or beside it).
+OWNS_LIBCUDA = frozenset({"vcuda", "vcuda-fork", "lupine"})
+# vCUDA builds (tkestack's vcuda-controller and its forks): their cuGetProcAddress(_v2) asks the real driver,
+# then swaps in the layer's hook by the requested base name, whatever ABI was asked (docs/design.md §2.4).
+SWAPS_LOOKUPS = frozenset({"vcuda", "vcuda-fork"})
+
+# Conditions found beside a layer (codes; layer_problems in metering.py says what each breaks).
+SOCKET_MISSING = "scheduler-socket-missing"  # nvshare: its scheduler's socket is not in the pod
+SOCKET_NOT_A_SOCKET = "scheduler-socket-not-a-socket"
+GLIBC_TOO_NEW = "hook-needs-glibc-private"  # KubeShare: the hook needs __libc_dlopen_mode, this libc lacks it
+OVERSOLD = "oversold-managed-memory"  # vgpu-manager oversold: past the real memory, managed memory
+
+VCUDA_CONTROL_SONAME = "libcuda-control.so"
+VCUDA_MARKER = "g_vcuda_config"
+# The CUDA 12 fork's own helpers (coldzerofear/vcuda-controller ec4dee1), which tkestack's build lacks.
+VCUDA_FORK_HELPERS = ("search_on_pids_table", "load_pids_table", "atomic_action", "get_used_gpu_memory")
+LUPINE_MARKER = "lupine_checkpoint_"
+NVSHARE_SOCKET = "/var/run/nvshare/scheduler.sock"
+KUBESHARE_HOOK = "/kubeshare/library/libgemhook.so.1"
+GLIBC_PRIVATE = ("__libc_dlopen_mode", "__libc_dlsym")  # gone from libc.so.6 since glibc 2.34
+# The names read from the library answering libcuda.so.1 (facts.py) and from each preloaded library.
+# tkestack's master exports its hook table (cuda_hooks_entry); v1.0.5 has none, and exports its limiter's
+# `delta`, which master made static.
+VCUDA_MASTER_MARKER, VCUDA_V105_MARKER = "cuda_hooks_entry", "delta"
+LIBCUDA_PREFIXES = (
+    b"cu", b"g_vcuda", b"dlsym", b"lupine_", b"delta", *(h.encode() for h in VCUDA_FORK_HELPERS),
+)  # fmt: skip
+PRELOAD_PREFIXES = (b"cu", b"dlsym", b"nvshare_", b"ensure_post_init", b"rm_quitted_process", b"__libc_dl")
+
+# Preloaded libraries by file name.
+_PRELOADS = {
+    "libvgpu.so": "hami",
+    "libvgpu-control.so": "vgpu-manager",
+    "libnvshare.so": "nvshare",
+    "libgemhook.so.1": "kubeshare",
 }
 
 
@@ -30,6 +77,8 @@ class Layer(NamedTuple):
     name: str  # a key of LABELS
     evidence: tuple[str, ...]
     forwards_to_local_driver: bool = True  # False: no local real driver to forward to (network GPU)
+    family: str | None = None  # the commit family its exports tell (metering.py's tables); None: not told
+    conditions: tuple[str, ...] = ()  # codes of what was found wrong beside it (the constants above)
 
     @property
     def label(self) -> str:
@@ -43,63 +92,215 @@ class PodEvidence(NamedTuple):
     preload: tuple[str, ...]  # LD_PRELOAD entries and /etc/ld.so.preload lines
     environ: Mapping[str, str]
     libcuda: ElfInfo | None  # the library answering libcuda.so.1 (behind the overlay: the layer's file)
+    preloaded: Mapping[str, ElfInfo] = {}  # readable preloaded libraries (and KubeShare's hook), by entry
+    kinds: Mapping[str, str] = {}  # the file type of each of SOCKET_PATHS ("missing" where absent)
+    libc_lacks: tuple[str, ...] = ()  # which of GLIBC_PRIVATE this process's libc.so.6 lacks (if asked)
 
 
-FINGERPRINT_PATHS = ("/etc/vcuda", "/usr/local/nvidia/bin/gpu-client", "/usr/local/vgpu")
+FINGERPRINT_PATHS = ("/etc/vcuda", "/usr/local/nvidia/bin/gpu-client", "/usr/local/vgpu", KUBESHARE_HOOK)
+SOCKET_PATHS = (NVSHARE_SOCKET,)
 _PRELOAD_FILE = "/etc/ld.so.preload"
 _PRELOAD_LIMIT = 1 << 20
 # The environment variables the fingerprints look at, by prefix (LD_PRELOAD besides).
 ENV_PREFIXES = (
     "CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT", "LUPINE_SERVER", "ALIYUN_COM_GPU_MEM_",
-    "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+    "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "CUDA_MEM_LIMIT_", "CUDA_CORE_LIMIT_",
+    "MANAGER_VISIBLE_DEVICES", "POD_MANAGER_PORT", "CUDA_MEM_OVERSOLD", "CUDA_MEM_RATIO",
 )  # fmt: skip
+
+
+def _elf(path: str, prefixes: tuple[bytes, ...]) -> ElfInfo | None:
+    try:
+        return read_elf(path, prefixes=prefixes)
+    except ElfError:
+        return None
+
+
+def _kind(path: str) -> str:
+    info = files.stat(path)
+    return "missing" if info is None else files.kind_of(info.st_mode)
+
+
+def _libc_lacks(needed: set[str]) -> tuple[str, ...]:
+    """Which of `needed` the libc.so.6 this process runs on lacks (the pod's own glibc where the doctor runs
+    in the pod's image)."""
+    libc = next(iter(mapped_named("libc.so.6", read_loaded_objects())), None)
+    info = _elf(libc, (b"__libc_dl",)) if libc else None
+    return () if info is None else tuple(sorted(needed - info.defined))
 
 
 def gather_evidence(root: str, environ: Mapping[str, str], libcuda: ElfInfo | None) -> PodEvidence:
     existing = frozenset(p for p in FINGERPRINT_PATHS if files.exists(under_root(root, p)))
-    preload = list(environ.get("LD_PRELOAD", "").replace(":", " ").split())
+    from_env = list(environ.get("LD_PRELOAD", "").replace(":", " ").split())
     text = files.read_text(under_root(root, _PRELOAD_FILE), _PRELOAD_LIMIT) or ""
-    preload += [w for line in text.splitlines() for w in line.split("#", 1)[0].split()]
+    from_file = [w for line in text.splitlines() for w in line.split("#", 1)[0].split()]
+    # Paths from the environment are taken as they are; the preload file's name files in the pod's root.
+    paths = {entry: entry for entry in from_env}
+    paths.update({entry: under_root(root, entry) for entry in from_file if entry not in paths})
+    if KUBESHARE_HOOK in existing and "POD_MANAGER_PORT" in environ:
+        paths.setdefault(KUBESHARE_HOOK, under_root(root, KUBESHARE_HOOK))
+    read = {entry: _elf(path, PRELOAD_PREFIXES) for entry, path in paths.items() if os.path.isabs(path)}
+    preloaded = {entry: info for entry, info in read.items() if info is not None}
+    stat_sockets = _preloads(from_env + from_file)
+    kinds = {path: _kind(under_root(root, path)) for path in SOCKET_PATHS} if stat_sockets else {}
+    needed = {name for info in preloaded.values() for name in GLIBC_PRIVATE if name in info.undefined}
     variables = {name: environ[name] for name in environ if name.startswith(ENV_PREFIXES)}
-    return PodEvidence(existing, tuple(preload), variables, libcuda)
+    return PodEvidence(
+        existing, tuple(from_env + from_file), variables, libcuda, preloaded, kinds,
+        _libc_lacks(needed) if needed else (),
+    )  # fmt: skip
+
+
+def _preloads(entries: list[str]) -> bool:
+    """A preloaded layer whose daemon's socket is worth a stat (nvshare)."""
+    return any(_PRELOADS.get(os.path.basename(entry)) == "nvshare" for entry in entries)
 
 
 def _env_matches(environ: Mapping[str, str], prefixes: tuple[str, ...]) -> list[str]:
     return sorted(f"env {k}" for k in environ if k.startswith(prefixes))
 
 
+def is_vcuda_build(info: ElfInfo) -> bool:
+    """The file is tkestack vCUDA's libcuda-control.so or a fork of it (its SONAME, or its config block)."""
+    return info.soname == VCUDA_CONTROL_SONAME or VCUDA_MARKER in info.defined
+
+
 def _vcuda(evidence: PodEvidence) -> Layer | None:
     libcuda = evidence.libcuda
-    if libcuda is None:
+    if libcuda is None or not is_vcuda_build(libcuda):
         return None
     own = []
-    if libcuda.soname == "libcuda-control.so":
-        own.append(f"{os.path.basename(libcuda.path)} has SONAME libcuda-control.so")
-    if "g_vcuda_config" in libcuda.defined:
-        own.append("libcuda.so.1 exports g_vcuda_config")
-    if not own:
+    if libcuda.soname == VCUDA_CONTROL_SONAME:
+        own.append(f"{os.path.basename(libcuda.path)} has SONAME {VCUDA_CONTROL_SONAME}")
+    if VCUDA_MARKER in libcuda.defined:
+        own.append(f"libcuda.so.1 exports {VCUDA_MARKER}")
+    helpers = [h for h in VCUDA_FORK_HELPERS if h in libcuda.defined]
+    files_seen = [f"{p} exists" for p in FINGERPRINT_PATHS[:2] if p in evidence.existing_paths]
+    # The CUDA 12 forks export cuGetProcAddress_v2 and the tiled encoder (not necessarily every encoder:
+    # coldzerofear's ec4dee1 was built from CUDA 12.2 headers, before cuTensorMapEncodeIm2colWide).
+    fork = bool(helpers) or {PROC_ADDRESS_V2, ENCODERS[0]} <= libcuda.defined
+    if not fork:
+        return Layer("vcuda", (*own, *files_seen), family=_tkestack_family(libcuda))
+    exports = [f"libcuda.so.1 exports {', '.join(helpers or [PROC_ADDRESS_V2, ENCODERS[0]])}"]
+    return Layer("vcuda-fork", (*own, *exports, *files_seen), family="ec4dee1" if helpers else None)
+
+
+def _tkestack_family(libcuda: ElfInfo) -> str | None:
+    if VCUDA_MASTER_MARKER in libcuda.defined:
+        return "master"
+    return "v1.0.5" if VCUDA_V105_MARKER in libcuda.defined else None
+
+
+def _preloaded_as(evidence: PodEvidence, name: str) -> list[tuple[str, ElfInfo | None]]:
+    """The preload entries of layer `name` (by file name), each with its ELF where it could be read."""
+    return [
+        (entry, evidence.preloaded.get(entry))
+        for entry in dict.fromkeys(evidence.preload)
+        if _PRELOADS.get(os.path.basename(entry)) == name
+    ]
+
+
+def _hami_family(info: ElfInfo | None) -> str | None:
+    """HAMi-core's commit family from its preloaded file's exports (hami-core-pins research): a Release build
+    exports dlsym alone; 93cf05d (Volcano v1.10.0) still exports cuDeviceGetAttribute and lacks
+    cuLaunchKernelEx; 8c32de6 (Volcano v1.12.0) hooks cuLaunchKernelEx; 8f3a89c added ensure_post_init."""
+    if info is None:
         return None
-    files = [f"{p} exists" for p in FINGERPRINT_PATHS[:2] if p in evidence.existing_paths]
-    fork = {PROC_ADDRESS_V2, *ENCODERS} <= libcuda.defined
-    return Layer("vcuda-fork" if fork else "vcuda", (*own, *files))
+    hooks = {name for name in info.defined if name.startswith("cu")}
+    if "dlsym" in info.defined and not hooks:
+        return "hidden-build"
+    if "ensure_post_init" in info.defined:
+        return "8f3a89c"
+    if "cuLaunchKernelEx" in hooks and "cuMemRelease" in hooks:
+        return "8c32de6"
+    if "cuDeviceGetAttribute" in hooks or "rm_quitted_process" in info.defined:
+        return "93cf05d"
+    return None
 
 
 def _hami(evidence: PodEvidence) -> Layer | None:
-    preloads = [f"preloads {p}" for p in evidence.preload if os.path.basename(p) == "libvgpu.so"]
+    entries = _preloaded_as(evidence, "hami")
     limits = _env_matches(evidence.environ, ("CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT"))
-    files = ["/usr/local/vgpu exists"] if "/usr/local/vgpu" in evidence.existing_paths else []
+    files_seen = ["/usr/local/vgpu exists"] if "/usr/local/vgpu" in evidence.existing_paths else []
     # HAMi-core works only when preloaded; its limits and mount without the preload are a pod that HAMi's
     # webhook prepared but whose preload did not take.
-    return Layer("hami", (*preloads, *limits, *files)) if preloads else None
+    if not entries:
+        return None
+    family = next((f for _, info in entries if (f := _hami_family(info))), None)
+    return Layer("hami", (*(f"preloads {e}" for e, _ in entries), *limits, *files_seen), family=family)
+
+
+def _vgpu_manager(evidence: PodEvidence) -> Layer | None:
+    entries = _preloaded_as(evidence, "vgpu-manager")
+    if not entries:
+        return None
+    variables = _env_matches(
+        evidence.environ, ("CUDA_MEM_LIMIT_", "CUDA_CORE_LIMIT_", "MANAGER_VISIBLE_DEVICES")
+    )
+    hooks = [f"{os.path.basename(e)} exports dlsym" for e, elf in entries if elf and "dlsym" in elf.defined]
+    said = (*(f"preloads {e}" for e, _ in entries), *hooks[:1], *variables)
+    return Layer("vgpu-manager", said, conditions=(OVERSOLD,) if _oversold(evidence.environ) else ())
+
+
+def _oversold(environ: Mapping[str, str]) -> bool:
+    """vgpu-manager oversells memory with CUDA_MEM_OVERSOLD(_<i>) set, or a CUDA_MEM_RATIO above 1."""
+    ratio = environ.get("CUDA_MEM_RATIO", "").strip()
+    try:
+        above = float(ratio) > 1 if ratio else False
+    except ValueError:
+        above = False
+    oversold = [v for k, v in environ.items() if k.startswith("CUDA_MEM_OVERSOLD")]
+    return above or any(v.strip().lower() in ("1", "true", "yes", "on") for v in oversold)
+
+
+def _nvshare(evidence: PodEvidence) -> Layer | None:
+    entries = _preloaded_as(evidence, "nvshare")
+    if not entries:
+        return None
+    kind = evidence.kinds.get(NVSHARE_SOCKET, "missing")
+    conditions = {"missing": (SOCKET_MISSING,), "a socket": ()}.get(kind, (SOCKET_NOT_A_SOCKET,))
+    socket = f"{NVSHARE_SOCKET} is {kind}" if kind != "missing" else f"no {NVSHARE_SOCKET}"
+    return Layer("nvshare", (*(f"preloads {e}" for e, _ in entries), socket), conditions=conditions)
+
+
+def _kubeshare(evidence: PodEvidence) -> Layer | None:
+    entries = dict(_preloaded_as(evidence, "kubeshare"))
+    needing = {
+        entry: [name for name in GLIBC_PRIVATE if name in info.undefined]
+        for entry, info in evidence.preloaded.items()
+        if any(name in info.undefined for name in GLIBC_PRIVATE)
+    }
+    mounted = KUBESHARE_HOOK in evidence.existing_paths and "POD_MANAGER_PORT" in evidence.environ
+    if not (entries or needing or mounted):
+        return None
+    said = [f"preloads {e}" for e in entries if e in evidence.preload]
+    if mounted and KUBESHARE_HOOK not in entries:
+        said.append(f"{KUBESHARE_HOOK} is mounted (KubeShare's hook)")
+    said += [f"{os.path.basename(e)} needs {', '.join(names)}" for e, names in needing.items()]
+    said += _env_matches(evidence.environ, ("POD_MANAGER_PORT",))
+    dead = any(name in evidence.libc_lacks for names in needing.values() for name in names)
+    return Layer("kubeshare", tuple(said), conditions=(GLIBC_TOO_NEW,) if dead else ())
+
+
+def _lupine(evidence: PodEvidence) -> Layer | None:
+    libcuda = evidence.libcuda
+    exports = sorted(n for n in (libcuda.defined if libcuda else ()) if n.startswith(LUPINE_MARKER))
+    variable = bool(evidence.environ.get("LUPINE_SERVER", "").strip())  # empty: lupine has no server
+    if not (exports or variable):
+        return None
+    said = [f"libcuda.so.1 exports {exports[0]}"] if exports else []
+    # The client researched (lupinemachines/lupine 7fbd364) is the one exporting its checkpoint calls.
+    family = "7fbd364" if exports else None
+    said += ["env LUPINE_SERVER"] if variable else []
+    return Layer("lupine", tuple(said), forwards_to_local_driver=False, family=family)
 
 
 def detect_layers(evidence: PodEvidence, cuda_driver_version: int | None = None) -> tuple[Layer, ...]:
     """Every layer with enough evidence, the one that owns libcuda.so.1 first. `cuda_driver_version`: what
     the running kernel module supports; a libcuda.so.1 lacking CUDA 12's entry points under a module older
     than CUDA 12 is that old driver, not a layer."""
-    layers = [layer for layer in (_vcuda(evidence), _hami(evidence)) if layer is not None]
-    if "LUPINE_SERVER" in evidence.environ:
-        layers.append(Layer("lupine", ("env LUPINE_SERVER",), forwards_to_local_driver=False))
+    found = (_vcuda, _lupine, _hami, _vgpu_manager, _nvshare, _kubeshare)
+    layers = [layer for layer in (probe(evidence) for probe in found) if layer is not None]
     if cgpu := _env_matches(evidence.environ, ("ALIYUN_COM_GPU_MEM_",)):
         layers.append(Layer("cgpu", tuple(cgpu)))
     if mps := _env_matches(
@@ -107,7 +308,7 @@ def detect_layers(evidence: PodEvidence, cuda_driver_version: int | None = None)
     ):
         layers.append(Layer("mps", tuple(mps)))
     libcuda = evidence.libcuda
-    owns_libcuda = any(layer.name in ("vcuda", "vcuda-fork", "lupine") for layer in layers)
+    owns_libcuda = any(layer.name in OWNS_LIBCUDA for layer in layers)
     old_driver = cuda_driver_version is not None and cuda_driver_version < 12000
     if libcuda is not None and not owns_libcuda and not old_driver:
         lacking = [name for name in OVERLAY_TRIGGERS if name not in libcuda.defined]

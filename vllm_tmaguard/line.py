@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shlex
 import sys
 from typing import Any
 
@@ -56,23 +57,53 @@ def details(record_file: str | None) -> str:
     return f"details: {record_file or 'tmaguard doctor'}"
 
 
+# The layers' caveats worth the line (metering.py: severity "warning"), in a phrase each.
+_CAVEATS = {
+    "sm-limiter-overflow": "its SM limiter overflows on large GPUs and slows serving to a quarter",
+    "hami-cuda-12.8-hang": "this build hangs under CUDA 12.8+ runtimes",
+    "hidden-build-meters-nothing": "a hidden-visibility build that meters nothing",
+    "cuda-graph-capture-fails": "CUDA-graph capture fails",
+    "half-cublas-fails": "fp16/bf16 cuBLAS GEMMs fail on sm_90",
+    "meters-nothing-cuda12": "meters nothing under CUDA 12+ runtimes",
+}
+
+
+def caveat_parts(document: dict[str, Any]) -> list[str]:
+    """One part per warning-level caveat of a layer: what fails, and the vLLM flags that avoid it."""
+    parts = []
+    for layer in document.get("metering") or []:
+        for caveat in layer["caveats"]:
+            if caveat["severity"] != "warning":
+                continue
+            part = f"{layer['layer']}: {_CAVEATS.get(caveat['code'], caveat['code'])}"
+            if caveat["vllm_args"]:
+                part += f"; pass {shlex.join(caveat['vllm_args'])}"
+                part += f" (or {shlex.join(caveat['or_vllm_args'])})" if caveat["or_vllm_args"] else ""
+            else:
+                part += "; see tmaguard doctor"
+            parts.append(part)
+    return parts
+
+
 def level_of(document: dict[str, Any]) -> str:
-    """warning: a problem (a bad toggle too, even on a machine without a GPU) or a path no knob reaches;
-    debug: nothing to do here; else info."""
+    """warning: a problem (a bad toggle too, even on a machine without a GPU), a path no knob reaches or a
+    layer's warning-level caveat; debug: nothing to do here; else info."""
     routing = document.get("routing") or {}
-    if document["problems"] or routing.get("hints"):
+    if document["problems"] or routing.get("hints") or caveat_parts(document):
         return "warning"
     return "debug" if document["outcome"] == NO_GPU else "info"
 
 
 def line_parts(document: dict[str, Any]) -> tuple[list[str], list[str]]:
     """The essential parts (the outcome, what was loaded, the first problem's cause, given whatever room the
-    rest leaves it, and its fix) and the optional ones in the order they are dropped last (the routing in a
-    phrase). Where the record went is essential when the record directory was refused (the operator looks
-    for it elsewhere), else the last optional part (render)."""
+    rest leaves it, and its fix, then the layers' warning-level caveats with the vLLM flags each needs) and
+    the optional ones in the order they are dropped last (the routing in a phrase).
+    Where the record went is essential when the record directory was refused (the operator looks for it
+    elsewhere), else the last optional part (render)."""
     head = f"tmaguard: {clip(document['summary'], 100)}"
     loaded = _loaded(document["actions"])
     essential = [head, *([loaded] if loaded else [])]
+    caveats = caveat_parts(document)
     problems = document["problems"]
     if problems:
         first = problems[0]
@@ -80,8 +111,10 @@ def line_parts(document: dict[str, Any]) -> tuple[list[str], list[str]]:
         fix = f"fix: {clip(first['fix'], 110)}"
         label = f"PROBLEM{count}: "
         moved = _moved_to(document)
-        room = MESSAGE_LIMIT - sum(len(p) + 2 for p in essential) - len(label) - len(fix) - len(moved) - 4
+        taken = sum(len(p) + 2 for p in essential + caveats)
+        room = MESSAGE_LIMIT - taken - len(label) - len(fix) - len(moved) - 4
         essential += [label + clip(first["cause"], max(room, 40)), fix, *([moved] if moved else [])]
+    essential += caveats
     optional = [part for part in (_routing_phrase(document.get("routing"), document.get("tma")),) if part]
     return essential, optional
 

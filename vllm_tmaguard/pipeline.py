@@ -33,6 +33,7 @@ from .gpu import probe_gpus
 from .inputs import ENV_NAMES, ENV_PREFIXES, watched_environ
 from .issue import Issued, issue
 from .line import log
+from .metering import layer_problems
 from .outcomes import Action, Problem
 from .record import Record, assemble
 from .redaction import MIN_SECRET, shows_redaction
@@ -111,8 +112,8 @@ def _decide(
     # What breaks vLLM first, then what concerns the guard's settings; without a GPU, no driver is none.
     unsupplied = () if not gpus.present and plan.status == "no-driver" else plan.problems
     problems = (
-        *unsupplied, *_root_problem(refused), *supply_problems, *routing_problems,
-        *(route.problems if route else ()), *_probe_problems(facts), *toggle_problems,
+        *layer_problems(facts.layers), *unsupplied, *_root_problem(refused), *supply_problems,
+        *routing_problems, *(route.problems if route else ()), *_probe_problems(facts), *toggle_problems,
         *([records.problem()] if records.refused else []),
     )  # fmt: skip
     record = assemble(

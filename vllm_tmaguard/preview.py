@@ -9,6 +9,7 @@ from typing import NamedTuple
 from .actions import apply_routing, apply_supply
 from .facts import Facts, probe
 from .gpu import GpuFacts, probe_gpus
+from .metering import layer_problems
 from .record import Record, assemble
 from .routing import RoutePlan, plan_routing_after
 from .supply import SupplyPlan, plan_supply
@@ -34,7 +35,10 @@ def preview_all(
     route = plan_routing_after(facts, gpus, supply, toggles.gemm)
     supplied, supply_problems = apply_supply(supply.supplies, facts.driver.path or "", None, apply=False)
     routed, routing_problems = apply_routing(route.routing, apply=False) if route else ((), ())
-    problems = (*supply.problems, *supply_problems, *routing_problems, *(route.problems if route else ()))
+    problems = (
+        *layer_problems(facts.layers), *supply.problems, *supply_problems, *routing_problems,
+        *(route.problems if route else ()),
+    )  # fmt: skip
     record = assemble(trigger, "validate", facts, gpus, supply, route, supplied + routed, problems, {})
     return Preview(facts, gpus, supply, route, record)
 

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from . import __version__, codes
 from .codes import COMPLETE, DEGRADED, NO_GPU, NO_VLLM, SUPPLIED, WOULD_SUPPLY
+from .metering import metering_json
 from .outcomes import Action, Problem
 from .redaction import redact
 
@@ -47,6 +49,8 @@ class Record(NamedTuple):
     forked_from: int | None = None
     replayed_from: int | None = None  # the process whose verdict this one replayed (verdict.py)
     tmaguard: str = __version__
+    replaced: Mapping[str, str] = {}  # the layer's own exports answered instead by the guard's library
+    metering: tuple[dict[str, Any], ...] = ()  # per layer: what it meters (metering.metering_json)
 
     @property
     def layer(self) -> dict[str, Any] | None:
@@ -62,6 +66,9 @@ class Record(NamedTuple):
             return "no GPU and no libcuda.so.1: nothing to do"
         if self.outcome == NO_VLLM:
             return f"{who}: vLLM is not installed, nothing to check"
+        if not self.lacking and self.replaced:
+            verb = "the overlay answers" if self.outcome == SUPPLIED else "the overlay would answer"
+            return f"{who}: its look-ups hand out legacy ABIs; {verb} them"
         if not self.lacking:
             first = next((p for p in self.problems if p.code.startswith("driver")), None)
             return f"{who}: {first.cause}" if first else f"{who}: libcuda.so.1 has every entry point needed"
@@ -87,6 +94,7 @@ class Record(NamedTuple):
             "lacking": list(self.lacking),
             "missing": self.missing,
             "supplied": self.supplied,
+            "replaced": dict(self.replaced),
             "encoder": self.encoder,
             "tma": self.tma,
             "routing": self.routing,
@@ -97,6 +105,7 @@ class Record(NamedTuple):
             "record_file": self.record_file,
             "forked_from": self.forked_from,
             "replayed_from": self.replayed_from,
+            "metering": list(self.metering),
         }
         return redact(document)
 
@@ -110,7 +119,7 @@ _DEGRADING = frozenset(
     {
         codes.DRIVER_MISSING, codes.DRIVER_UNREADABLE, codes.SYMBOL_UNSUPPLIED, codes.HANDLE_SCOPED_GAP,
         codes.OVERLAY_FAILED, codes.SHIM_FAILED, codes.ROOT_REFUSED, codes.IMPORTED_EARLY,
-        codes.EXTENSION_UNREADABLE,
+        codes.EXTENSION_UNREADABLE, *codes.CUDA_BROKEN,
     }
 )  # fmt: skip
 
@@ -124,7 +133,7 @@ def outcome_of(
         return NO_VLLM
     if any(p.code in _DEGRADING for p in problems):
         return DEGRADED
-    if plan.lacking:
+    if plan.lacking or plan.replaced:
         return SUPPLIED if apply else WOULD_SUPPLY
     return COMPLETE
 
@@ -192,6 +201,8 @@ def assemble(
         lacking=plan.lacking,
         missing={symbol: list(modules) for symbol, modules in (plan.missing or {}).items()},
         supplied=plan.supplied,
+        replaced=dict.fromkeys(plan.replaced, "overlay"),
+        metering=tuple(metering_json(facts.layers)),
         encoder={"reachable": plan.encoder.reachable, "reason": plan.encoder.reason},
         tma=None if route is None else {"usable": route.tma.usable, "reason": route.tma.reason},
         routing=None if routing is None else _routing_json(routing),

@@ -6,10 +6,10 @@ broken (docs/design.md §2)."""
 import os
 from typing import NamedTuple
 
-from .catalogue import ENCODERS, HANDLE_SCOPED, LAUNCH_EX, OVERLAY_TRIGGERS, SHIM_SYMBOLS
-from .codes import DRIVER_MISSING, DRIVER_UNREADABLE, HANDLE_SCOPED_GAP, SYMBOL_UNSUPPLIED
+from .catalogue import ENCODERS, HANDLE_SCOPED, LAUNCH_EX, OVERLAY_TRIGGERS, PROC_ADDRESS_V2, SHIM_SYMBOLS
+from .codes import DRIVER_MISSING, DRIVER_UNREADABLE, HANDLE_SCOPED_GAP, LOOKUP_SWAPPED, SYMBOL_UNSUPPLIED
 from .facts import Facts
-from .layers import Layer
+from .layers import SWAPS_LOOKUPS, Layer
 from .outcomes import Problem
 from .toggles import Toggles
 
@@ -51,6 +51,7 @@ class SupplyPlan(NamedTuple):
     real_driver: str | None = None  # the real driver the layer loads, where one is reached
     blocker: str | None = None  # why the overlay cannot become libcuda.so.1 (None: it can, or is not needed)
     problems: tuple[Problem, ...] = ()
+    replaced: tuple[str, ...] = ()  # the layer's own exports the overlay answers instead (its look-ups)
 
     @property
     def supplied(self) -> dict[str, str]:
@@ -65,9 +66,12 @@ def _network_layer(facts: Facts) -> str | None:
 def _encoder(facts: Facts, supplied: set[str]) -> Reach:
     """Passive evidence only: what the layer exports, and a real driver file the layer loads."""
     name, driver = ENCODERS[0], facts.driver
+    network = _network_layer(facts)
+    if driver.exports(name) and driver.overlay_of is None and network:
+        return Reach(True, f"{network} forwards {name} to its server (a round trip per encode)")
     if driver.exports(name) and driver.overlay_of is None:
         return Reach(True, f"{os.path.basename(driver.path or '')} exports {name}")
-    if network := _network_layer(facts):
+    if network:
         return Reach(False, f"{network}: no local driver to forward {name} to")
     if name not in supplied and driver.overlay_of is None:
         return Reach(False, f"libcuda.so.1 lacks {name} and the guard does not supply it")
@@ -78,6 +82,34 @@ def _encoder(facts: Facts, supplied: set[str]) -> Reach:
             "paths, in the usual driver directories)",
         )
     return Reach(True, f"{name} from the real driver the layer loads ({driver.real_driver})")
+
+
+# The look-ups a vCUDA build answers by swapping in its hooks by base name (docs/design.md §2.4).
+LOOKUPS = ("cuGetProcAddress", PROC_ADDRESS_V2)
+
+
+def swapped_lookups(facts: Facts) -> tuple[str, ...]:
+    """The look-ups of a vCUDA build that answers libcuda.so.1 itself (not behind this package's overlay):
+    they hand cudart the layer's legacy-ABI hooks, so the overlay must answer them whatever else the layer
+    exports."""
+    driver = facts.driver
+    layer = facts.layers[0] if facts.layers else None
+    if layer is None or layer.name not in SWAPS_LOOKUPS or driver.overlay_of or driver.info is None:
+        return ()
+    return tuple(name for name in LOOKUPS if name in driver.info.defined)
+
+
+def _swap_problem(facts: Facts, blocker: str) -> Problem:
+    return Problem(
+        LOOKUP_SWAPPED,
+        cause=f"{blocker}, so the overlay cannot stand in: libcuda.so.1's own {PROC_ADDRESS_V2} (a vCUDA "
+        "build) hands the CUDA runtime the layer's legacy-ABI hooks (cuMemAlloc for cuMemAlloc_v2)",
+        consequence="every CUDA runtime allocation fails with CUDA_ERROR_INVALID_CONTEXT (201): torch and "
+        "vLLM cannot use the GPU",
+        fix="put the overlay first on LD_LIBRARY_PATH from the manifest: see `tmaguard env`",
+        symbol=PROC_ADDRESS_V2,
+        subject=facts.driver.path,
+    )
 
 
 def _overlay_blocker(facts: Facts, toggles: Toggles) -> str | None:
@@ -126,19 +158,24 @@ def plan_supply(facts: Facts, toggles: Toggles) -> SupplyPlan:
     }
     triggers = tuple(name for name in OVERLAY_TRIGGERS if not driver.exports(name))
     lacking = tuple(dict.fromkeys([*missing, *triggers]))
-    if not lacking:
+    swapped = swapped_lookups(facts)
+    if not lacking and not swapped:
         encoder = _encoder(facts, set())
         return SupplyPlan(COMPLETE, layer, encoder=encoder, launch_ex=True, real_driver=driver.real_driver)
 
-    blocker = _overlay_blocker(facts, toggles) if triggers else None
+    blocker = _overlay_blocker(facts, toggles) if triggers or swapped else None
     shims = _shims(missing)
     problems: list[Problem] = []
-    if triggers and blocker is None:
+    if (triggers or swapped) and blocker is None:
         # The overlay carries every driver entry point of the CUDA 13 headers (the layer's own export of each
-        # exact symbol where it has one): whatever the layer lacks is supplied.
+        # exact symbol where it has one): whatever the layer lacks is supplied, and a vCUDA build's look-ups
+        # are answered by the overlay's own (exact ABIs, the layer's metered export of each).
         supplies = [Supply("overlay", lacking, tuple(s.library for s in shims))]
     else:
         supplies = shims
+        if blocker is not None and PROC_ADDRESS_V2 in swapped:  # the CUDA 12 forks: cudart uses it
+            problems.append(_swap_problem(facts, blocker))
+        swapped = ()  # nothing answers them instead
         problems += [
             Problem(
                 HANDLE_SCOPED_GAP,
@@ -165,7 +202,7 @@ def plan_supply(facts: Facts, toggles: Toggles) -> SupplyPlan:
     ]
     encoder = _encoder(facts, supplied)
     return SupplyPlan(
-        LACKING,
+        LACKING if lacking else COMPLETE,
         layer,
         lacking,
         missing,
@@ -175,4 +212,5 @@ def plan_supply(facts: Facts, toggles: Toggles) -> SupplyPlan:
         driver.real_driver if encoder.reachable else None,
         blocker,
         tuple(problems),
+        swapped,
     )

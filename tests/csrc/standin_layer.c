@@ -21,9 +21,23 @@
  *                       in its hook by the requested name, so ("cuMemAlloc", 13000) gets the legacy hook.
  *   -DLAYER_VCUDA_V105  vCUDA v1.0.5: its v1 cuGetProcAddress forwards through the table, hook-less (the
  *                       real driver's pointers: unmetered), and through the empty table before init.
- *   -DLAYER_FORK        a vCUDA fork that also exports cuGetProcAddress_v2, the encoders and
- *                       cuLaunchKernelEx.
+ *   -DLAYER_FORK        the CUDA 12 fork (coldzerofear/vcuda-controller ec4dee1): also exports
+ *                       cuGetProcAddress_v2, cuLaunchKernelEx(_ptsz) and three of the four encoders (not
+ *                       cuTensorMapEncodeIm2colWide, newer than its CUDA 12.2 headers), g_vcuda_config and
+ *                       its own helper search_on_pids_table. Its cuGetProcAddress_v2 runs the init, asks the
+ *                       real driver (which writes the pointer and the status), then swaps in its hook by the
+ *                       requested base name as master's v1 does: ("cuMemAlloc", 13000) gets the legacy hook,
+ *                       which calls the driver's pre-3.2 cuMemAlloc (CUDA_ERROR_INVALID_CONTEXT), and
+ *                       ("cuGetProcAddress", 12000) its 4-argument v1 hook, which never writes a 5-argument
+ *                       caller's status.
  *   -DLAYER_STANDALONE  lupine-like: no local driver, everything succeeds.
+ *   -DLAYER_STANDALONE -DLAYER_LUPINE_CLIENT  lupine's client libcuda.so.1 (lupinemachines/lupine 7fbd364):
+ *                       also exports cuTensorMapEncodeTiled (forwarded to its server: one round trip per
+ *                       encode, counted; the descriptor the stand-in driver would write), cuGetProcAddress_v2
+ *                       (a name it does not know gets a stub answering CUDA_ERROR_NOT_SUPPORTED, reported as
+ *                       found), cuLaunchKernelEx (a launch with attributes is a round trip), dlsym and its
+ *                       checkpoint calls (lupine_checkpoint_*); not the other three encoders. A launch with
+ *                       `extra` parameters answers CUDA_ERROR_NOT_SUPPORTED.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -37,13 +51,27 @@
 
 #include "standin_entry_points.h"
 
+#define CUDA_ERROR_NOT_SUPPORTED 801
+
 #if defined(LAYER_FORK) + defined(LAYER_STANDALONE) + defined(LAYER_VCUDA_V105) > 1
 #error "choose at most one layer variant"
 #endif
 
 #if defined(LAYER_FORK)
 #define LAYER_VARIANT "fork"
-#define LAYER_EXTRA_EPS(X) STANDIN_NEW_EPS(X)
+#define LAYER_EXTRA_EPS(X)                                                     \
+    X(cuTensorMapEncodeTiled, -1, 0)                                           \
+    X(cuTensorMapEncodeIm2col, -1, 0)                                          \
+    X(cuTensorMapReplaceAddress, -1, 0)                                        \
+    X(cuGetProcAddress_v2, -1, 0)                                              \
+    X(cuLaunchKernelEx, -1, 0)                                                 \
+    X(cuLaunchKernelEx_ptsz, -1, 0)
+#elif defined(LAYER_STANDALONE) && defined(LAYER_LUPINE_CLIENT)
+#define LAYER_VARIANT "lupine-client"
+#define LAYER_EXTRA_EPS(X)                                                     \
+    X(cuTensorMapEncodeTiled, -1, 0)                                           \
+    X(cuGetProcAddress_v2, -1, 0)                                              \
+    X(cuLaunchKernelEx, -1, 0)
 #elif defined(LAYER_STANDALONE)
 #define LAYER_VARIANT "standalone"
 #define LAYER_EXTRA_EPS(X)
@@ -109,10 +137,17 @@ STANDIN_EXPORT const char *standin_layer_variant(void) { return LAYER_VARIANT; }
 
 STANDIN_EXPORT const char *standin_layer_real_driver(void) { return NULL; }
 
+#if defined(LAYER_LUPINE_CLIENT)
+#define REFUSES_EXTRA(n, args) ((IDX_##n) == IDX_cuLaunchKernel && (args)[10] != NULL)
+#else
+#define REFUSES_EXTRA(n, args) 0
+#endif
 #define X(n, i, b)                                                             \
     STANDIN_EXPORT CUresult n(STANDIN_GENERIC_PARAMS) {                        \
         void *args[12] = {STANDIN_GENERIC_ARGS};                               \
         bump(IDX_##n);                                                         \
+        if (REFUSES_EXTRA(n, args))                                            \
+            return CUDA_ERROR_NOT_SUPPORTED;                                   \
         if ((i) >= 0 && args[(i) < 0 ? 0 : (i)])                               \
             memset(args[(i) < 0 ? 0 : (i)], 0, (b));                           \
         return CUDA_SUCCESS;                                                   \
@@ -120,6 +155,7 @@ STANDIN_EXPORT const char *standin_layer_real_driver(void) { return NULL; }
 STANDIN_GENERIC_EPS(X)
 STANDIN_METERED_EPS(X)
 #undef X
+
 
 STANDIN_EXPORT CUresult cuGetErrorString(STANDIN_GENERIC_PARAMS) {
     bump(IDX_cuGetErrorString);
@@ -169,6 +205,86 @@ STANDIN_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cud
     *pfn = index_of(symbol) < 0 ? NULL : dlsym(RTLD_DEFAULT, symbol);
     return CUDA_SUCCESS;
 }
+
+#if defined(LAYER_LUPINE_CLIENT)
+/* ---- lupine's client: the tiled encoder and launches with attributes go to its server -------------- */
+
+static long long g_round_trips;
+
+STANDIN_EXPORT long long standin_lupine_round_trips(void) {
+    return __atomic_load_n(&g_round_trips, __ATOMIC_RELAXED);
+}
+
+/* The server runs the real encoder on the device address: the stand-in driver's descriptor format. */
+STANDIN_EXPORT CUresult cuTensorMapEncodeTiled(STANDIN_TILED_PARAMS) {
+    (void)globalStrides, (void)boxDim, (void)elementStrides, (void)interleave;
+    (void)swizzle, (void)l2Promotion, (void)oobFill;
+    bump(IDX_cuTensorMapEncodeTiled);
+    unsigned long long call = (unsigned long long)__atomic_add_fetch(&g_round_trips, 1, __ATOMIC_RELAXED);
+    if (!tensorMap)
+        return CUDA_ERROR_INVALID_VALUE;
+    unsigned char *d = tensorMap;
+    for (int k = 0; k < 128; k++)
+        d[k] = (unsigned char)((k * 7 + 3) & 0xff);
+    memcpy(d, "TMAGUARD-STANDIN", 16);
+    unsigned long long fields[4] = {(unsigned long long)(uintptr_t)globalAddress,
+                                    rank && globalDim ? globalDim[0] : 0, call, 0};
+    unsigned int head[2] = {(unsigned int)dataType, rank};
+    memcpy(d + 16, head, sizeof head); /* little-endian, as the stand-in driver writes them */
+    memcpy(d + 24, fields, 3 * sizeof fields[0]);
+    return CUDA_SUCCESS;
+}
+
+/* (const CUlaunchConfig *config, CUfunction, void **params, void **extra) */
+STANDIN_EXPORT CUresult cuLaunchKernelEx(STANDIN_GENERIC_PARAMS) {
+    bump(IDX_cuLaunchKernelEx);
+    if (a3)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    const unsigned *config = a0;
+    if (config && config[12]) /* numAttrs (after grid, block, shared, stream, attrs) */
+        __atomic_fetch_add(&g_round_trips, 1, __ATOMIC_RELAXED);
+    return CUDA_SUCCESS;
+}
+
+static CUresult missing_stub(void) { return CUDA_ERROR_NOT_SUPPORTED; }
+
+STANDIN_EXPORT CUresult cuGetProcAddress_v2(const char *, void **, int, unsigned long long, int *);
+STANDIN_EXPORT CUresult cuGetProcAddress(const char *, void **, int, unsigned long long);
+
+static void *const g_own[N_EPS] = {
+#define X(n, i, b) (void *)n,
+    LAYER_ALL_EPS(X)
+#undef X
+};
+
+/* Its own functions by name; a cu* name it does not know: a stub answering NOT_SUPPORTED, as found. */
+STANDIN_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
+                                            unsigned long long flags, int *symbolStatus) {
+    (void)cudaVersion, (void)flags;
+    bump(IDX_cuGetProcAddress_v2);
+    if (!symbol || !pfn)
+        return CUDA_ERROR_INVALID_VALUE;
+    int i = index_of(symbol);
+    *pfn = i >= 0 ? g_own[i] : (void *)missing_stub;
+    if (symbolStatus)
+        *symbolStatus = CU_GET_PROC_ADDRESS_SUCCESS;
+    return CUDA_SUCCESS;
+}
+
+/* Its dlsym, for whoever binds to it: its own cu* functions (stubs for the rest), the real dlsym otherwise. */
+STANDIN_EXPORT void *dlsym(void *handle, const char *symbol) {
+    if (strncmp(symbol, "cu", 2) == 0 && symbol[2] >= 'A' && symbol[2] <= 'Z') {
+        int i = index_of(symbol);
+        return i >= 0 ? g_own[i] : (void *)missing_stub;
+    }
+    typedef void *(*dlsym_fn)(void *, const char *);
+    dlsym_fn real = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+    return real ? real(handle, symbol) : NULL;
+}
+
+STANDIN_EXPORT void lupine_checkpoint_drain_cuda_calls(void) {}
+STANDIN_EXPORT void lupine_checkpoint_resume_cuda_calls(void) {}
+#endif
 
 #else /* a vCUDA build */
 
@@ -488,39 +604,22 @@ FORWARD_GENERIC(cuLaunchKernelEx_ptsz)
     }
 FORWARD_EXACT(cuTensorMapEncodeTiled, standin_tiled_fn, STANDIN_TILED_PARAMS, STANDIN_TILED_ARGS)
 FORWARD_EXACT(cuTensorMapEncodeIm2col, standin_im2col_fn, STANDIN_IM2COL_PARAMS, STANDIN_IM2COL_ARGS)
-FORWARD_EXACT(cuTensorMapEncodeIm2colWide, standin_im2col_wide_fn, STANDIN_IM2COL_WIDE_PARAMS,
-              STANDIN_IM2COL_WIDE_ARGS)
 FORWARD_EXACT(cuTensorMapReplaceAddress, standin_replace_fn, STANDIN_REPLACE_PARAMS, STANDIN_REPLACE_ARGS)
 
-STANDIN_EXPORT CUresult cuGetProcAddress(const char *, void **, int, unsigned long long);
-STANDIN_EXPORT CUresult cuGetProcAddress_v2(const char *, void **, int, unsigned long long, int *);
+/* The fork's configuration block and one of its own helpers (exported, as its build exports every global). */
+STANDIN_EXPORT char g_vcuda_config[256];
 
-static void *const g_own[N_EPS] = {
-#define X(n, i, b) (void *)n,
-    LAYER_ALL_EPS(X)
-#undef X
-};
-
-/* The fork's look-up: its own export of the exact name, else the real driver's. */
-STANDIN_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
-                                            unsigned long long flags, int *symbolStatus) {
-    bump(IDX_cuGetProcAddress_v2);
-    init_once();
-    if (!symbol || !pfn)
-        return CUDA_ERROR_INVALID_VALUE;
-    int i = index_of(symbol);
-    if (i >= 0) {
-        *pfn = g_own[i];
-        if (symbolStatus)
-            *symbolStatus = CU_GET_PROC_ADDRESS_SUCCESS;
-        return CUDA_SUCCESS;
-    }
-    return ((standin_gpa2_fn)table_entry(IDX_cuGetProcAddress_v2))(symbol, pfn, cudaVersion, flags,
-                                                                   symbolStatus);
+STANDIN_EXPORT int search_on_pids_table(int pid) {
+    (void)pid;
+    return 0;
 }
+
+STANDIN_EXPORT CUresult cuGetProcAddress_v2(const char *, void **, int, unsigned long long, int *);
 #endif /* LAYER_FORK */
 
 /* ---- the v1 look-up ------------------------------------------------------------ */
+
+STANDIN_EXPORT CUresult cuGetProcAddress(const char *, void **, int, unsigned long long);
 
 #if defined(LAYER_VCUDA_V105)
 /* A plain forwarder through the table: the real driver's pointers, no hook, no init. */
@@ -530,7 +629,7 @@ STANDIN_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cud
     return ((standin_gpa_fn)table_entry(IDX_cuGetProcAddress))(symbol, pfn, cudaVersion, flags);
 }
 #else
-/* vCUDA master's hooks list, by the name a caller asks for. */
+/* vCUDA master's hooks list (and the fork's, with its CUDA 12 hooks), by the name a caller asks for. */
 static const struct {
     const char *name;
     void *fn;
@@ -547,7 +646,20 @@ static const struct {
     {"cuLaunchKernel", (void *)cuLaunchKernel},
     {"cuLaunchCooperativeKernel_ptsz", (void *)cuLaunchCooperativeKernel_ptsz},
     {"cuLaunchCooperativeKernel", (void *)cuLaunchCooperativeKernel},
+#if defined(LAYER_FORK)
+    {"cuLaunchKernelEx_ptsz", (void *)cuLaunchKernelEx_ptsz},
+    {"cuLaunchKernelEx", (void *)cuLaunchKernelEx},
+    {"cuGetProcAddress_v2", (void *)cuGetProcAddress_v2},
+    {"cuGetProcAddress", (void *)cuGetProcAddress},
+#endif
 };
+
+/* The swap: whatever the driver handed out for `symbol` is replaced by the hook of that very name. */
+static void swap_in_hook(const char *symbol, void **pfn) {
+    for (size_t k = 0; symbol && k < sizeof g_hooks / sizeof g_hooks[0]; k++)
+        if (strcmp(symbol, g_hooks[k].name) == 0)
+            *pfn = g_hooks[k].fn;
+}
 
 STANDIN_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion,
                                          unsigned long long flags) {
@@ -555,12 +667,24 @@ STANDIN_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cud
     init_once();
     CUresult result =
         ((standin_gpa_fn)table_entry(IDX_cuGetProcAddress))(symbol, pfn, cudaVersion, flags);
-    if (result == CUDA_SUCCESS && symbol)
-        for (size_t k = 0; k < sizeof g_hooks / sizeof g_hooks[0]; k++)
-            if (strcmp(symbol, g_hooks[k].name) == 0)
-                *pfn = g_hooks[k].fn;
+    if (result == CUDA_SUCCESS)
+        swap_in_hook(symbol, pfn);
     return result;
 }
+
+#if defined(LAYER_FORK)
+/* The real driver writes the pointer and the status; the swap then ignores the version and the flags. */
+STANDIN_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
+                                            unsigned long long flags, int *symbolStatus) {
+    bump(IDX_cuGetProcAddress_v2);
+    init_once();
+    CUresult result = ((standin_gpa2_fn)table_entry(IDX_cuGetProcAddress_v2))(symbol, pfn, cudaVersion,
+                                                                             flags, symbolStatus);
+    if (result == CUDA_SUCCESS)
+        swap_in_hook(symbol, pfn);
+    return result;
+}
+#endif
 #endif
 
 #endif /* a vCUDA build */

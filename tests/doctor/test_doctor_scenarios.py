@@ -124,13 +124,15 @@ def test_vcuda_with_the_guard_off_is_a_problem_with_the_fix(pods, doctor) -> Non
 
 
 def test_vcuda_fork_is_healthy(pods, doctor) -> None:
+    """Healthy with the guard: its overlay answers the fork's look-ups, which hand out legacy ABIs."""
     run = doctor(pods("vcuda-fork"), "--json")
     report = run.report
     assert run.returncode == 0
     assert report["layers"][0]["name"] == "vcuda-fork"
     assert consumer(report, "vllm._C_stable_libtorch")["lacks"] == []
     assert consumer(report, "triton")["lacks"] == ["cuOccupancyMaxActiveClusters"]
-    assert report["guard"]["supplies"] == []
+    assert [supply["library"] for supply in report["guard"]["supplies"]] == ["overlay"]
+    assert run.finding("lookups-replaced")["severity"] == "ok"
 
 
 def test_hami_is_healthy_with_its_tensor_parallel_caveat(pods, doctor) -> None:

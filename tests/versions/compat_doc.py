@@ -77,6 +77,27 @@ def cell_text(cell: dict | None) -> str:
     return ("✅ " if cell["ok"] else "❌ ") + text + ("" if cell["ok"] else f" ({cell.get('why', '')})")
 
 
+LAYERS_HEADER = """
+## Sharing layers
+
+The layers the guard knows, each at the commit its behaviour was read from (the layer's source, or the
+layer built from it), what the guard does there, and where that was proven: on the CPU with stand-in
+libraries written from the layer's source (tests/csrc, laid out as the layer's device plugin lays it out:
+tests/podkit.py), and on a Hopper GPU with the layer built from its source (docs/real-layers.md). Hand-kept
+in docs/compat.json (`layers`); what each layer meters, per commit family: vllm_tmaguard/metering.py.
+"""
+LAYER_COLUMNS = ("layer", "commit", "what the guard does", "CPU stand-in", "Hopper")
+LAYER_KEYS = ("layer", "commit", "guard", "cpu", "hopper")
+
+
+def render_layers(rows: list[dict]) -> list[str]:
+    lines = [LAYERS_HEADER.rstrip() + "\n", "| " + " | ".join(LAYER_COLUMNS) + " |"]
+    lines.append("|---" * len(LAYER_COLUMNS) + "|")
+    for row in rows:
+        lines.append("| " + " | ".join(row.get(key, "").replace("|", "\\|") for key in LAYER_KEYS) + " |")
+    return lines
+
+
 def render(data: dict) -> str:
     timing = data.get("timing", "")
     versions = [r.vllm for r in RELEASES]
@@ -86,6 +107,8 @@ def render(data: dict) -> str:
     for version in versions:
         cells = data["releases"].get(version, {})
         lines.append(f"| {version} | " + " | ".join(cell_text(cells.get(c)) for c in COLUMNS) + " |")
+    if data.get("layers"):
+        lines += render_layers(data["layers"])
     return "\n".join(lines) + "\n"
 
 

@@ -34,6 +34,40 @@ void *tmaguard_layer(void) {
     return handle;
 }
 
+/* The SONAME in a loaded object's dynamic section; NULL if it has none. The loader relocates the string
+   table's address in place on x86-64 and aarch64; an address below the load base is taken as unrelocated. */
+static const char *soname_of(void *handle) {
+    struct link_map *map = NULL;
+    if (handle == NULL || dlinfo(handle, RTLD_DI_LINKMAP, &map) != 0 || map == NULL || map->l_ld == NULL)
+        return NULL;
+    const char *strings = NULL;
+    long soname = -1;
+    for (const ElfW(Dyn) *entry = map->l_ld; entry->d_tag != DT_NULL; entry++) {
+        if (entry->d_tag == DT_STRTAB)
+            strings = (const char *)entry->d_un.d_ptr;
+        else if (entry->d_tag == DT_SONAME)
+            soname = (long)entry->d_un.d_val;
+    }
+    if (strings == NULL || soname < 0)
+        return NULL;
+    if ((ElfW(Addr))strings < map->l_addr)
+        strings += map->l_addr;
+    return strings + soname;
+}
+
+int tmaguard_layer_is_vcuda(void) {
+    static int answer = -1; /* -1: not asked yet */
+    int value = LOAD(answer);
+    if (value >= 0) return value;
+    void *handle = tmaguard_layer();
+    if (handle == NULL) return 0; /* asked again once the layer is loaded */
+    const char *soname = soname_of(handle);
+    value = (soname != NULL && strcmp(soname, "libcuda-control.so") == 0) ||
+            tmaguard_layer_symbol("g_vcuda_config") != NULL;
+    STORE(answer, value);
+    return value;
+}
+
 int tmaguard_is_own(const void *address) {
     Dl_info found, own;
     return address != NULL && dladdr(address, &found) && dladdr((const void *)tmaguard_is_own, &own) &&

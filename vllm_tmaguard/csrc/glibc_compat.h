@@ -7,8 +7,10 @@
  */
 #if defined(__gnu_linux__) && defined(__x86_64__) /* __gnu_linux__: a glibc target, not musl */
 #define TMAGUARD_GLIBC_BASE "GLIBC_2.2.5"
+#define TMAGUARD_GLIBC_DLINFO "GLIBC_2.3.3" /* dlinfo arrived later than the rest on x86-64 */
 #elif defined(__gnu_linux__) && defined(__aarch64__)
 #define TMAGUARD_GLIBC_BASE "GLIBC_2.17"
+#define TMAGUARD_GLIBC_DLINFO "GLIBC_2.17"
 #endif
 
 #ifdef TMAGUARD_GLIBC_BASE
@@ -18,5 +20,5 @@ __asm__(".symver dlvsym,dlvsym@" TMAGUARD_GLIBC_BASE);
 __asm__(".symver dlclose,dlclose@" TMAGUARD_GLIBC_BASE);
 __asm__(".symver dlerror,dlerror@" TMAGUARD_GLIBC_BASE);
 __asm__(".symver dladdr,dladdr@" TMAGUARD_GLIBC_BASE);
-__asm__(".symver dlinfo,dlinfo@" TMAGUARD_GLIBC_BASE);
+__asm__(".symver dlinfo,dlinfo@" TMAGUARD_GLIBC_DLINFO);
 #endif

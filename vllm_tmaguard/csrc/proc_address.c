@@ -1,11 +1,14 @@
 /*
- * CUDA 12+'s entry-point look-up, for a layer that has no cuGetProcAddress_v2 (built against older headers).
+ * CUDA 12+'s entry-point look-up, for a layer that has no cuGetProcAddress_v2 (built against older headers)
+ * or whose look-ups cannot be trusted with it (a vCUDA build: its CUDA 12 forks export one that swaps by
+ * base name).
  * A caller names an entry point by its base name, the CUDA version it was built for and a per-thread-stream
  * flag (("cuMemAlloc", 13000, 0)); proc_versions.h maps that to the exact symbol the driver would hand out
  * (cuMemAlloc_v2), and the answer is the layer's export of that symbol (metered) wherever it has one,
  * else what tmaguard.h's order gives. The layer's own look-ups are never asked: tkestack vCUDA's v1 swaps in
- * its hook by the requested base name, the legacy ABI for cuMemAlloc & co. (master), or forwards every name
- * to the real driver unmetered, calling through a table its init has not filled yet (v1.0.5)
+ * its hook by the requested base name, the legacy ABI for cuMemAlloc & co. (master, and the CUDA 12 fork's
+ * cuGetProcAddress_v2 alike), or forwards every name to the real driver unmetered, calling through a table
+ * its init has not filled yet (v1.0.5)
  * (docs/design.md §2.2). In the overlay this implementation also replaces the layer's v1 cuGetProcAddress
  * (its callers, CUDA 11.3-11.8 runtimes, get the same exact symbols).
  */
@@ -97,11 +100,14 @@ static CUresult proc_address_v1(const char *symbol, void **pfn, int cuda_version
     return proc_address_v2(symbol, pfn, cuda_version, flags, NULL);
 }
 
-/* Our look-ups where the layer has no cuGetProcAddress_v2 of its own; NULL otherwise (its look-ups then
-   know its hooks, and entry_points.c binds its exports). */
+/* Our look-ups where the layer has no cuGetProcAddress_v2 of its own, or where its look-ups swap in hooks by
+   base name (a vCUDA build, its CUDA 12 forks included: ("cuMemAlloc", 13000) would get its legacy
+   cuMemAlloc hook, which calls the driver's pre-3.2 ABI: CUDA_ERROR_INVALID_CONTEXT under a runtime's
+   context). NULL otherwise: a layer whose look-ups know its hooks by exact symbol answers them itself, and
+   entry_points.c binds its exports. */
 void *tmaguard_own_proc_address(const char *symbol) {
-    if (strncmp(symbol, "cuGetProcAddress", 16) != 0 || tmaguard_layer_symbol("cuGetProcAddress_v2"))
-        return NULL;
+    if (strncmp(symbol, "cuGetProcAddress", 16) != 0) return NULL;
+    if (tmaguard_layer_symbol("cuGetProcAddress_v2") != NULL && !tmaguard_layer_is_vcuda()) return NULL;
     if (strcmp(symbol, "cuGetProcAddress_v2") == 0) return (void *)proc_address_v2;
     if (strcmp(symbol, "cuGetProcAddress") == 0) return (void *)proc_address_v1;
     return NULL;

@@ -54,6 +54,11 @@ HIDDEN void *tmaguard_layer(void);
 HIDDEN void *tmaguard_real_driver(void);
 /* The layer's own export of `symbol`, never one of ours; NULL if the layer lacks it. */
 HIDDEN void *tmaguard_layer_symbol(const char *symbol);
+/* Whether the layer is a vCUDA build (tkestack's vcuda-controller and its forks): SONAME libcuda-control.so,
+   or it exports g_vcuda_config. Its cuGetProcAddress(_v2) asks the real driver, then swaps in its own hook by
+   the requested base name, whatever ABI was asked (docs/design.md §2.4). Reads the layer's dynamic section
+   and symbol table only: never calls into it. */
+HIDDEN int tmaguard_layer_is_vcuda(void);
 /* Whether `address` lies in this library. */
 HIDDEN int tmaguard_is_own(const void *address);
 /* TMAGUARD_TRACE=1: one line on stderr per look-up and resolution (for a failed pod's diagnosis). */

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from . import active, architectures, gaps, guard, platform
+from . import active, architectures, gaps, guard, layers, platform
 from .base import PROBLEMS, SEVERITIES
 
 
@@ -30,6 +30,7 @@ def diagnose(report: dict[str, Any]) -> list[dict[str, Any]]:
         + platform.libcuda_findings(report)
         + platform.vllm_findings(report)
         + platform.layer_findings(report)
+        + layers.layer_detail_findings(report)
         + gaps.gap_findings(report)
         + guard.decision_findings(report)
         + architectures.arch_findings(report)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ...codes import ROUTING_IMPOSSIBLE, ROUTING_OVERRIDE, TOGGLE_INVALID, TOGGLE_UNKNOWN
+from ...codes import CUDA_BROKEN, ROUTING_IMPOSSIBLE, ROUTING_OVERRIDE, TOGGLE_INVALID, TOGGLE_UNKNOWN
 from ...files import default_record_dir
 from .base import finding, fix
 
@@ -17,7 +17,9 @@ def decision_findings(report: dict[str, Any]) -> list[dict[str, Any]]:
     view = report["decision"]
     tma = view.get("tma")
     sm90 = any(g["capability"][:1] == [9] for g in report["gpu"]["gpus"])
-    if tma and sm90:
+    # Where no CUDA call can succeed (layers.py's findings say why), TMA is moot: never "usable" beside it.
+    broken = any(problem["code"] in CUDA_BROKEN for problem in view["problems"])
+    if tma and sm90 and not broken:
         findings.append(
             finding(
                 "tma",

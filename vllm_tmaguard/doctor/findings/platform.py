@@ -125,7 +125,7 @@ def layer_findings(report: dict[str, Any]) -> list[dict[str, Any]]:
                     ),
                 )
             )
-        elif name == "lupine":
+        elif name == "lupine" and not (report["decision"].get("encoder") or {}).get("reachable"):
             findings.append(
                 finding(
                     "known-lupine-no-local-driver",

@@ -1,0 +1,250 @@
+"""What each sharing layer meters among the driver entry points vLLM's processes use, per layer and commit
+family, as read from the layer's source at the commit named (docs/real-layers.md); the caveats known of it;
+and the problems the conditions found beside a layer are (layers.py). Values only between modules: statuses
+and caveats are codes, entry points are symbols; the sentences people read are rendered at the edges (the
+log line, the doctor's findings). A layer whose build the fingerprints cannot place has no table: the guard
+claims nothing about it.
+
+Rows are (status, entry points) as the entry points are reached: through the CUDA runtime's versioned
+look-ups, dlsym, or the overlay in front of the layer (where the guard loads one)."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from . import layers as fingerprints
+from .codes import LAYER_CANNOT_LOAD, LAYER_DAEMON_MISSING
+from .layers import Layer
+from .outcomes import Problem
+
+# Statuses: memory.
+METERED = "metered"  # counted against the layer's memory quota
+VIRTUALISED = "virtualised"  # the memory query answers the quota, not the GPU
+MANAGED = "managed"  # turned into managed (oversubscribable) memory, capped per process only
+UNMETERED = "unmetered"  # allocates outside the quota
+# Statuses: launches.
+THROTTLED = "throttled"  # paced by the layer's SM limiter (or its time-slicing lock)
+THROTTLED_BUT_CLUSTERS = "throttled-but-clusters"  # the overlay's cuLaunchKernelEx: cluster launches are not
+UNTHROTTLED = "unthrottled"  # launches the limiter never sees
+LOCKED = "locked"  # nvshare: waits for the GPU lock its scheduler hands out (time slicing)
+UNLOCKED = "unlocked"  # nvshare: runs without the lock
+
+STATUSES = (
+    METERED, VIRTUALISED, MANAGED, UNMETERED, THROTTLED, THROTTLED_BUT_CLUSTERS, UNTHROTTLED, LOCKED,
+    UNLOCKED,
+)  # fmt: skip
+
+# Caveats, each with its severity (the doctor's; "warning": vLLM fails or is far slower unless fixed).
+SM_LIMITER_OVERFLOW = "sm-limiter-overflow"
+HAMI_CUDA_128_HANG = "hami-cuda-12.8-hang"
+HAMI_FORK_AFTER_INIT = "hami-fork-after-cuinit"
+HIDDEN_BUILD = "hidden-build-meters-nothing"
+CORE_LIMITER_TIMING = "core-limiter-timing"
+OVERSOLD_MANAGED = fingerprints.OVERSOLD  # a condition of the pod (layers.py), said as a caveat
+NO_QUOTA = "no-memory-quota"
+CUDA_GRAPH_CAPTURE_FAILS = "cuda-graph-capture-fails"
+MANAGED_IPC = "managed-memory-ipc"
+TILED_ONLY = "encoders-tiled-only"
+ROUND_TRIPS = "round-trips"
+HALF_CUBLAS_FAILS = "half-cublas-fails"
+METERS_NOTHING_CUDA12 = "meters-nothing-cuda12"
+
+SEVERITY = {
+    SM_LIMITER_OVERFLOW: "warning", HAMI_CUDA_128_HANG: "warning", HAMI_FORK_AFTER_INIT: "info",
+    HIDDEN_BUILD: "warning", CORE_LIMITER_TIMING: "info", OVERSOLD_MANAGED: "info", NO_QUOTA: "info",
+    CUDA_GRAPH_CAPTURE_FAILS: "warning", MANAGED_IPC: "info", TILED_ONLY: "info", ROUND_TRIPS: "info",
+    HALF_CUBLAS_FAILS: "warning", METERS_NOTHING_CUDA12: "warning",
+}  # fmt: skip
+# What vLLM must be given where a caveat is in force (its own flags; no environment variable of vLLM turns
+# CUDA-graph capture off: nvshare research, vllm/envs.py 0.25.1 and 0.32.0). The first keeps torch.compile.
+VLLM_ARGS = {
+    CUDA_GRAPH_CAPTURE_FAILS: ("--compilation-config", '{"cudagraph_mode": "NONE"}'),
+    MANAGED_IPC: ("--disable-custom-all-reduce",),
+    OVERSOLD_MANAGED: ("--disable-custom-all-reduce",),
+}
+ALTERNATIVE_ARGS = {CUDA_GRAPH_CAPTURE_FAILS: ("--enforce-eager",)}
+
+
+class Metering(NamedTuple):
+    source: str  # the repository and commit the table was read from
+    rows: tuple[tuple[str, tuple[str, ...]], ...]  # (status, entry points)
+    caveats: tuple[str, ...] = ()
+
+
+_VCUDA_MEMORY = (
+    (METERED, ("cuMemAlloc_v2", "cuMemAllocPitch_v2", "cuMemAllocManaged", "cuArrayCreate_v2",
+               "cuArray3DCreate_v2", "cuMipmappedArrayCreate")),
+    (VIRTUALISED, ("cuMemGetInfo_v2", "cuDeviceTotalMem_v2")),
+)  # fmt: skip
+_TKESTACK = (
+    *_VCUDA_MEMORY,
+    (UNMETERED, ("cuMemCreate", "cuMemAllocAsync", "cuMemAllocFromPoolAsync")),
+    (THROTTLED, ("cuLaunchKernel", "cuLaunchKernel_ptsz", "cuLaunchCooperativeKernel")),
+    (THROTTLED_BUT_CLUSTERS, ("cuLaunchKernelEx",)),
+    (UNTHROTTLED, ("cuGraphLaunch",)),
+)
+_HAMI_MEMORY = (
+    (METERED, ("cuMemAlloc_v2", "cuMemAllocPitch_v2", "cuMemAllocManaged", "cuArrayCreate_v2",
+               "cuMemAllocAsync")),
+    (VIRTUALISED, ("cuMemGetInfo_v2", "cuDeviceTotalMem_v2")),
+)  # fmt: skip
+_HAMI_FIXED = (
+    (METERED, ("cuMemCreate",)),
+    (UNMETERED, ("cuMemAllocFromPoolAsync",)),
+    (THROTTLED, ("cuLaunchKernel", "cuLaunchCooperativeKernel", "cuLaunchKernelEx")),
+    (UNTHROTTLED, ("cuGraphLaunch",)),
+)
+_HAMI_SOURCE = "Project-HAMi/HAMi-core"
+
+TABLES: dict[tuple[str, str | None], Metering] = {
+    ("vcuda", None): Metering("tkestack/vcuda-controller 72e0115 (master; v1.0.5 hooks the same)", _TKESTACK),
+    ("vcuda", "master"): Metering("tkestack/vcuda-controller 72e0115 (master)", _TKESTACK),
+    ("vcuda", "v1.0.5"): Metering("tkestack/vcuda-controller v1.0.5", _TKESTACK, (SM_LIMITER_OVERFLOW,)),
+    ("vcuda-fork", "ec4dee1"): Metering(
+        "coldzerofear/vcuda-controller ec4dee1",
+        (
+            *_VCUDA_MEMORY,
+            (UNMETERED, ("cuMemCreate", "cuMemAllocAsync", "cuMemAllocFromPoolAsync", "cuMulticastCreate",
+                         "cuGraphAddMemAllocNode")),
+            (THROTTLED, ("cuLaunchKernel", "cuLaunchKernel_ptsz", "cuLaunchKernelEx", "cuLaunchKernelEx_ptsz",
+                         "cuLaunchCooperativeKernel")),
+            (UNTHROTTLED, ("cuGraphLaunch", "cuLaunchHostFunc")),
+        ),
+    ),
+    ("hami", "93cf05d"): Metering(
+        f"{_HAMI_SOURCE} 93cf05d (volcano-vgpu-device-plugin v1.10.0)",
+        (
+            *_HAMI_MEMORY,
+            (UNMETERED, ("cuMemCreate", "cuMemAllocFromPoolAsync")),
+            (THROTTLED, ("cuLaunchKernel", "cuLaunchCooperativeKernel")),
+            (UNTHROTTLED, ("cuLaunchKernelEx", "cuGraphLaunch")),
+        ),
+        (HAMI_CUDA_128_HANG, HAMI_FORK_AFTER_INIT),
+    ),
+    ("hami", "8c32de6"): Metering(
+        f"{_HAMI_SOURCE} 8c32de6 (volcano-vgpu-device-plugin v1.12.0)",
+        (*_HAMI_MEMORY, *_HAMI_FIXED),
+        (HAMI_FORK_AFTER_INIT,),
+    ),
+    ("hami", "8f3a89c"): Metering(f"{_HAMI_SOURCE} 8f3a89c", (*_HAMI_MEMORY, *_HAMI_FIXED)),
+    ("hami", "hidden-build"): Metering(
+        f"{_HAMI_SOURCE} built with -fvisibility=hidden (a Release build)",
+        (
+            (UNMETERED, ("cuMemAlloc_v2", "cuMemCreate", "cuMemAllocAsync")),
+            (UNTHROTTLED, ("cuLaunchKernel", "cuLaunchKernelEx", "cuGraphLaunch")),
+        ),
+        (HIDDEN_BUILD,),
+    ),
+    ("vgpu-manager", None): Metering(
+        "coldzerofear/vgpu-manager 3d7f66d",
+        (
+            (METERED, ("cuMemAlloc_v2", "cuMemAllocPitch_v2", "cuMemAllocManaged", "cuMemAllocAsync",
+                       "cuMemAllocFromPoolAsync", "cuMemCreate", "cuArrayCreate_v2", "cuArray3DCreate_v2",
+                       "cuMipmappedArrayCreate")),
+            (VIRTUALISED, ("cuMemGetInfo_v2", "cuDeviceTotalMem_v2", "nvmlDeviceGetMemoryInfo")),
+            (UNMETERED, ("cuMemPoolCreate", "cuMulticastCreate", "cuMemAllocHost_v2")),
+            (THROTTLED, ("cuLaunchKernel", "cuLaunchKernel_ptsz", "cuLaunchKernelEx",
+                         "cuLaunchCooperativeKernel", "cuGraphLaunch")),
+        ),
+        (CORE_LIMITER_TIMING,),
+    ),
+    ("nvshare", None): Metering(
+        "grgalex/nvshare 1a8f211",
+        (
+            (MANAGED, ("cuMemAlloc_v2",)),
+            (VIRTUALISED, ("cuMemGetInfo_v2",)),
+            (UNMETERED, ("cuMemAllocAsync", "cuMemAllocFromPoolAsync", "cuMemCreate", "cuMemAllocPitch_v2")),
+            (LOCKED, ("cuLaunchKernel",)),
+            (UNLOCKED, ("cuLaunchKernelEx", "cuLaunchKernel_ptsz", "cuLaunchCooperativeKernel",
+                        "cuGraphLaunch")),
+        ),
+        (NO_QUOTA, CUDA_GRAPH_CAPTURE_FAILS, MANAGED_IPC),
+    ),
+    ("lupine", None): Metering("lupinemachines/lupine", (), (NO_QUOTA,)),
+    ("lupine", "7fbd364"): Metering(
+        "lupinemachines/lupine 7fbd364", (), (NO_QUOTA, TILED_ONLY, ROUND_TRIPS, HALF_CUBLAS_FAILS)
+    ),
+    ("kubeshare", None): Metering(
+        "NTHU-LSALAB/KubeShare a862311 (Gemini 953052b)",
+        (
+            (UNMETERED, ("cuMemAlloc_v2", "cuMemCreate", "cuMemAllocAsync")),
+            (UNTHROTTLED, ("cuLaunchKernel", "cuLaunchKernelEx", "cuGraphLaunch")),
+        ),
+        (METERS_NOTHING_CUDA12,),
+    ),
+}
+
+
+def metering_of(layer: Layer) -> Metering | None:
+    """The table of the layer's commit family; None where its build cannot be placed (HAMi-core's family is
+    read from its preloaded file, and a build matching none of the researched ones gets no claim)."""
+    if layer.name == "hami" and layer.family is None:
+        return None
+    return TABLES.get((layer.name, layer.family)) or TABLES.get((layer.name, None))
+
+
+def metering_json(layers: tuple[Layer, ...]) -> list[dict[str, Any]]:
+    """The record's `metering` field: per layer with a table, its family, source, rows by status, and its
+    caveats with their severity and the vLLM flags each needs."""
+    found = []
+    for layer in layers:
+        table = metering_of(layer)
+        if table is not None:
+            caveats = (*table.caveats, *(c for c in layer.conditions if c in SEVERITY))
+            found.append(
+                {
+                    "layer": layer.name,
+                    "family": layer.family,
+                    "source": table.source,
+                    "rows": {status: list(names) for status, names in table.rows},
+                    "caveats": [
+                        {
+                            "code": code,
+                            "severity": SEVERITY[code],
+                            "vllm_args": list(VLLM_ARGS.get(code, ())),
+                            "or_vllm_args": list(ALTERNATIVE_ARGS.get(code, ())),
+                        }
+                        for code in caveats
+                    ],
+                }
+            )
+    return found
+
+
+def layer_problems(layers: tuple[Layer, ...]) -> tuple[Problem, ...]:
+    """What the conditions found beside each layer break (layers.py), with the fix; the other conditions are
+    caveats (metering_json)."""
+    found = {fingerprints.GLIBC_TOO_NEW: _hook_cannot_load(), **_socket_problems()}
+    return tuple(found[c] for layer in layers for c in layer.conditions if c in found)
+
+
+def _hook_cannot_load() -> Problem:
+    hook, symbol = fingerprints.KUBESHARE_HOOK, fingerprints.GLIBC_PRIVATE[0]
+    return Problem(
+        LAYER_CANNOT_LOAD,
+        cause=f"KubeShare's hook {hook} needs {symbol}, gone in glibc 2.34+",
+        consequence="with the hook preloaded every process of the container exits 127 at start-up (`symbol "
+        f"lookup error: ... undefined symbol: {symbol}`), before vLLM or the guard runs",
+        fix="rebuild Gemini's hook without glibc-private symbols, or use an image with glibc < 2.34, or "
+        "request a whole GPU (no preload)",
+        subject=hook,
+    )
+
+
+def _socket_problems() -> dict[str, Problem]:
+    socket = fingerprints.NVSHARE_SOCKET
+    said = {
+        fingerprints.SOCKET_MISSING: f"no nvshare scheduler socket at {socket}",
+        fingerprints.SOCKET_NOT_A_SOCKET: f"not a socket: {socket}",
+    }
+    return {
+        condition: Problem(
+            LAYER_DAEMON_MISSING,
+            cause=cause,
+            consequence="the first CUDA call of every process prints `[NVSHARE][FATAL]` and exits; under "
+            "torch and vLLM the process hangs instead",
+            fix="start nvshare-scheduler on the node and mount /var/run/nvshare into the pod",
+            subject=socket,
+        )
+        for condition, cause in said.items()
+    }
