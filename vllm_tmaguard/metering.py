@@ -61,6 +61,7 @@ VLLM_ARGS = {
     CUDA_GRAPH_CAPTURE_FAILS: ("--compilation-config", '{"cudagraph_mode": "NONE"}'),
     MANAGED_IPC: ("--disable-custom-all-reduce",),
     OVERSOLD_MANAGED: ("--disable-custom-all-reduce",),
+    HALF_CUBLAS_FAILS: ("--dtype", "float32"),  # fp32 GEMMs take no private-table path (H100, lupine)
 }
 ALTERNATIVE_ARGS = {CUDA_GRAPH_CAPTURE_FAILS: ("--enforce-eager",)}
 

@@ -29,7 +29,7 @@ from vllm_tmaguard.loader import resolve_library  # noqa: E402
 STATE = Path(os.environ.get("E2E_STATE", "/tmp/e2e"))
 MODEL = STATE / "model"
 PYTHON = sys.executable
-READY_TIMEOUT_S = 420
+READY_TIMEOUT_S = float(os.environ.get("E2E_READY_S", "420"))
 # concurrency: prompts (E2E_PROMPT_SCALE shortens a run that must fit the device's time)
 CONCURRENCY = {
     c: max(c, round(n * float(os.environ.get("E2E_PROMPT_SCALE", "1"))))
@@ -41,10 +41,17 @@ ROUNDS = int(os.environ.get("E2E_ROUNDS", "1"))
 # memory fraction that the servers' free-memory check at start-up leaves room for. ~7 GiB each. A pod whose
 # layer shows the process its quota as the device (vCUDA, HAMi-core) keeps vLLM's defaults: its KV cache is
 # sized from the quota.
-SHARED_GPU = ("--gpu-memory-utilization", "0.1", "--kv-cache-memory-bytes", str(4 << 30))
+KV_BYTES = int(os.environ.get("E2E_KV_GIB", "4")) << 30
+SHARED_GPU = ("--gpu-memory-utilization", "0.1", "--kv-cache-memory-bytes", str(KV_BYTES))
+# E2E_SAME_ENGINE=1: every pod, a layer's too, runs the same engine settings (SHARED_GPU), so that a
+# difference in tokens is the layer's, not vLLM's choices from a smaller device (CUDA-graph sizes, KV cache).
+SAME_ENGINE = os.environ.get("E2E_SAME_ENGINE", "0") == "1"
 # E2E_TP: tensor parallel size (vLLM's EngineCore then starts one worker process per GPU).
 PARALLEL = ("--tensor-parallel-size", os.environ.get("E2E_TP", "1"))
-QUOTA_SHOWN = ("real:vcuda-master", "real:vcuda-v1.0.5", "real:hami")
+QUOTA_SHOWN = (
+    "real:vcuda-master", "real:vcuda-v1.0.5", "real:vcuda-fork", "real:hami", "real:hami-8c32de6",
+    "real:hami-93cf05d", "real:vgpu-manager",
+)  # fmt: skip
 MAX_TOKENS = 64
 
 # pod: (layer shape or None for the bare driver, extra environment, what it is). "real:POD" is a real layer
@@ -60,6 +67,20 @@ PODS = {
     "e-latency": (None, {"TMAGUARD_GEMM": "latency"}, "bare, TMAGUARD_GEMM=latency"),
     "e-portable": (None, {"TMAGUARD_GEMM": "portable"}, "bare, TMAGUARD_GEMM=portable"),
     "a2": (None, {}, "bare again: the noise floor"),
+    # The other layers operators run (issue 26), each as its device plugin lays it out (pod.sh); a fourth
+    # element: vLLM flags the layer needs, as the guard's record names them.
+    "fork": ("real:vcuda-fork", {}, "the CUDA-12 vCUDA fork (8 GiB quota), guard installed, nothing set"),
+    "vgm": ("real:vgpu-manager", {}, "vgpu-manager (8 GiB limit), guard installed, nothing set"),
+    "hv12": ("real:hami-8c32de6", {}, "HAMi-core at Volcano v1.12.0's pin, guard installed, nothing set"),
+    "hv10": ("real:hami-93cf05d", {}, "HAMi-core at Volcano v1.10.0's pin, guard installed, nothing set"),
+    "nvs": (
+        "real:nvshare", {}, "nvshare (its scheduler up), CUDA graphs off as the guard's record says",
+        ("--compilation-config", '{"cudagraph_mode": "NONE"}'),
+    ),
+    "lup": (
+        "real:lupine", {}, "lupine over loopback, fp32 as the guard's record says", ("--dtype", "float32"),
+    ),
+    "a32": (None, {}, "bare, --dtype float32 (lupine's reference)", ("--dtype", "float32")),
 }
 
 
@@ -247,7 +268,7 @@ class Server:
     """One pod's `vllm serve`, in a process group of its own (a fresh process tree)."""
 
     def __init__(self, name: str, port: int, cores: set[int] | None) -> None:
-        shape, extra, what = PODS[name]
+        shape, extra, what, *flags = PODS[name]
         self.name, self.port = name, port
         self.out = STATE / "results" / name
         self.out.mkdir(parents=True)
@@ -264,9 +285,10 @@ class Server:
             "CUDA_CACHE_PATH": str(STATE / "nv-cache"),
             "CUDA_CACHE_MAXSIZE": str(4 << 30),
         }
+        engine = () if shape in QUOTA_SHOWN and not SAME_ENGINE else SHARED_GPU
         command = [
             PYTHON, "-m", "vllm.entrypoints.cli.main", "serve", str(MODEL), "--served-model-name", "tiny",
-            "--port", str(port), "--seed", "0", *(() if shape in QUOTA_SHOWN else SHARED_GPU), *PARALLEL,
+            "--port", str(port), "--seed", "0", *engine, *PARALLEL, *(flags[0] if flags else ()),
         ]  # fmt: skip
         if shape and shape.startswith("real:"):
             passed = [f"{k}={v}" for k, v in env.items() if k in PASSED or k in pod_env]

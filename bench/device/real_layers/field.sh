@@ -18,6 +18,12 @@ E2E_MODEL=0 bash bench/device/e2e/setup.sh > "$out/logs/setup.log" 2>&1 || { tai
 LAYERS="${pods//+nosocket/} $([ "${COST:-1}" = 1 ] && echo vcuda-master)" bash $here/build.sh \
   > "$out/logs/build.log" 2>&1 || { tail -40 "$out/logs/build.log"; exit 1; }
 grep -h "exports cu" "$out/logs/build.log"
+echo "== the markers layers.py reads, in the files as built"
+for lib in "$state"/layers/*/libcuda-control.so "$state"/layers/*/libvgpu.so "$state"/layers/lupine/libcuda.so.1; do
+  [ -f "$lib" ] || continue
+  echo "$lib: SONAME $(readelf -d "$lib" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p');" \
+    "$(nm -D --defined-only "$lib" | awk '{print $NF}' | grep -xE 'delta|cuda_hooks_entry|g_vcuda_config|search_on_pids_table|ensure_post_init|cuLaunchKernelEx|cuMemRelease|cuGetProcAddress_v2|cuTensorMapEncodeTiled|lupine_checkpoint_drain_cuda_calls|dlsym' | tr '\n' ' ')"
+done
 export PYTHONPATH=/tmp/e2e/site:/tmp/e2e/v25:$(pwd)/bench/device
 
 check() {  # pod step [--vllm] [NAME=VALUE ...]; a step gets STEP_TIMEOUT seconds (default 240)
@@ -48,6 +54,7 @@ print(r.get("status"), [f["id"] for f in r.get("findings", []) if f.get("severit
 pod_checks() {  # pod
   local pod=$1
   check "$pod" guard
+  check "$pod" bindings --vllm TMAGUARD_TRACE=1
   for step in quota torch cublaslt half triton; do check "$pod" "$step"; done
   for step in quota torch cublaslt half triton triton_tma machete; do check "$pod" "$step" --vllm; done
   doctor "$pod"

@@ -103,13 +103,17 @@ _CAVEATS = {
         "lupine: each tensor-map encode and cluster launch is a server round trip",
         "Eager, a Machete call costs several synchronous round trips (Marlin's fewer); inside CUDA graphs "
         "the encodes happen once at capture.",
-        "Keep CUDA graphs on (vLLM's default).",
+        "Keep CUDA graphs on (vLLM's default); where vLLM must run eager (--enforce-eager), "
+        "TMAGUARD_GEMM=latency sends W4A16/W8A16 to Marlin, two round trips a call against Machete's six.",
     ),
     m.HALF_CUBLAS_FAILS: (
         "lupine 7fbd364: fp16/bf16 cuBLAS GEMMs fail on sm_90",
-        "Measured on an H100 (CUBLAS_STATUS_EXECUTION_FAILED in every mode, the guard off too; fp32 works): "
+        "Measured on an H100 (CUBLAS_STATUS_EXECUTION_FAILED, the guard off too; fp32 works): cuBLAS calls "
+        "slot 4 of the driver's private export table 1734dc26-800d-4745-8726-c0f1e7dd8bca, which the client "
+        "answers CUDA_ERROR_NOT_SUPPORTED (it forwards no private table; LUPINE_TRACE=1 shows the call). "
         "vLLM's unquantized fp16/bf16 layers go through cuBLAS and fail.",
-        "None in the layer at this commit: serve this model on a pod without lupine (docs/real-layers.md).",
+        "No overlay can answer a private table for a GPU across the network: serve with --dtype float32 "
+        "(fp32 GEMMs work, at twice the memory), or on a pod without lupine (docs/real-layers.md).",
     ),
     m.METERS_NOTHING_CUDA12: (
         "KubeShare/Gemini meters nothing under CUDA 12+ runtimes",
