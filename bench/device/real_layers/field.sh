@@ -70,10 +70,10 @@ for pod in vcuda-fork lupine; do [[ " $pods " == *" $pod "* ]] && doctor "$pod" 
 if [[ " $pods " == *" nvshare "* ]]; then
   echo "== nvshare without its scheduler's socket: the guard's record first, then the hang vLLM meets"
   check nvshare+nosocket guard
-  STEP_TIMEOUT=45 check nvshare+nosocket torch
+  STEP_TIMEOUT=30 check nvshare+nosocket torch
   doctor nvshare+nosocket
 fi
-if [[ " $pods " == *" lupine "* ]]; then
+if [[ " $pods " == *" lupine "* ]] && [ "${TRACE:-1}" = 1 ]; then
   echo "== lupine's fp16 cuBLAS traced (the guard off: the layer alone)"
   check lupine half TMAGUARD_MODE=off LUPINE_TRACE=2
   log=$out/logs/lupine-half-guard-off-trace.log
