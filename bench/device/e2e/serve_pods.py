@@ -78,7 +78,8 @@ PODS = {
         ("--compilation-config", '{"cudagraph_mode": "NONE"}'),
     ),
     "lup": (
-        "real:lupine", {}, "lupine over loopback, fp32 as the guard's record says", ("--dtype", "float32"),
+        "real:lupine", {"LUPINE_LOG_LEVEL": "error"}, "lupine over loopback, fp32 as the guard's record says",
+        ("--dtype", "float32"),
     ),
     "a32": (None, {}, "bare, --dtype float32 (lupine's reference)", ("--dtype", "float32")),
 }

@@ -99,8 +99,10 @@ case $layer in
   vcuda-*) vars+=(LD_LIBRARY_PATH="$dir/lib") ;;
   hami*) vars+=(CUDA_DEVICE_MEMORY_LIMIT_0="${QUOTA_HAMI:-8g}" CUDA_DEVICE_SM_LIMIT=100
                CUDA_DEVICE_MEMORY_SHARED_CACHE="$dir/hami-${QUOTA_HAMI:-8g}.cache") ;;
-  vgpu-manager)
+  vgpu-manager)  # it dlopens libcuda.so.<version> by that name: the container toolkit puts the driver's
+    # files in a directory the loader searches (here they are elsewhere, found through ld.so.cache by SONAME)
     uuid=$(nvidia-smi --query-gpu=uuid --format=csv,noheader -i 0)
+    vars+=(LD_LIBRARY_PATH="$(dirname "$real_cuda")")
     vars+=(CUDA_MEM_LIMIT_0="$(( ${QUOTA:-8589934592} >> 20 ))m" MANAGER_VISIBLE_DEVICES="$uuid"
            MANAGER_COMPATIBILITY_MODE=0 ${CORE_LIMIT:+CUDA_CORE_LIMIT_0=$CORE_LIMIT}) ;;
   nvshare)
