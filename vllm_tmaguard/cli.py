@@ -124,6 +124,48 @@ def inject(
     )
 
 
+@app.command(short_help="Add the guard to vLLM pods in YAML (Helm post-renderer).")
+def manifests(
+    container: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--container", metavar="NAME", help="the containers so named run vLLM, no others (repeatable)"
+        ),
+    ] = None,
+    wheel: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--wheel", metavar="PATH", help="add a ConfigMap of this wheel and mount it (repeatable)"
+        ),
+    ] = None,
+) -> None:
+    """Read Kubernetes YAML on stdin (helm template, kubectl get -o yaml, a kustomize build) and write it back
+    with the zero-image install added to every container that runs vLLM: an init container in the vLLM
+    image that places the package from the wheel ConfigMap, its volumes, PYTHONPATH, the toggles ConfigMap.
+    Everything else is written back byte for byte; a second run changes nothing. Use as Helm's post-renderer
+    (docs/operator.md). Exit status 1 when it cannot tell which container runs vLLM: name it."""
+    import sys
+
+    from .manifests.postrender import HOW_TO_NAME, postrender
+    from .manifests.stream import StreamError
+
+    wheels = {os.path.basename(path): _checked_wheel(path).data for path in wheel or []}
+    try:
+        result = postrender(sys.stdin.read(), container or [], wheels)
+    except (StreamError, ValueError) as error:
+        _echo(f"tmaguard manifests: refused: {error}", err=True)
+        raise typer.Exit(EXIT_FINDINGS) from error
+    if result.refused:
+        for why in result.refused:
+            _echo(f"tmaguard manifests: refused: {why}", err=True)
+        _echo(f"tmaguard manifests: {HOW_TO_NAME}", err=True)
+        raise typer.Exit(EXIT_FINDINGS)
+    sys.stdout.write(result.text)
+    sys.stdout.flush()
+    for where in result.guarded:
+        _echo(f"tmaguard manifests: guarded {where}", err=True)
+
+
 def _checked_wheel(path: str) -> Wheel:
     from .wheel import WheelError, read
 
