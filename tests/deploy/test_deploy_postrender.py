@@ -257,3 +257,21 @@ def test_production_stack_values_give_the_same_install(stock_python, release, tm
 @pytest.mark.parametrize("args", [["--nope"], ["--container"]])
 def test_a_usage_error_is_exit_2(args) -> None:
     assert manifests("", *args).returncode == 2
+
+
+def test_the_real_charts_script_runs_on_charts_of_their_shapes(capsys) -> None:
+    """scripts/render_real_charts.py (a developer's script: the real charts are not in the repository) on the
+    charts written here, so that it does not rot between its runs."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "render_real_charts", DEPLOY.parent / "scripts/render_real_charts.py"
+    )
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main(["--stack", str(CHARTS / "stack"), "--stack-commit", "test", "--vllm-chart",
+                        str(CHARTS / "vllm"), "--vllm-commit", "test"]) == 0  # fmt: skip
+    printed = capsys.readouterr().out
+    assert printed.count("schema checks (Kubernetes 1.25 and 1.37, strict): 0 problems") == 3, printed
+    assert printed.count("a second run changed nothing") == 2
+    assert "guarded Deployment/default/vllm-deployment-vllm spec.template.spec: vllm" in printed
