@@ -24,7 +24,7 @@ def test_the_command_lists_its_subcommands() -> None:
     assert text.startswith("Usage: tmaguard [OPTIONS] COMMAND [ARGS]...")
     assert "  --help  Show this message and exit." in text.splitlines()
     listed = [line.split()[0] for line in text.split("Commands:\n", 1)[1].splitlines() if line.strip()]
-    assert listed == ["check", "record", "env", "inject", "doctor"]
+    assert listed == ["check", "record", "env", "inject", "manifests", "wheel-configmap", "doctor"]
     commands = text.split("Commands:\n", 1)[1].splitlines()
     assert not [line for line in commands if line.endswith("...")]  # no description cut short
 

@@ -7,6 +7,7 @@ import errno
 import json
 import os
 import sys
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -14,6 +15,9 @@ from .codes import EXIT_FINDINGS, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE
 from .line import printable
 from .redaction import redact
 from .toggles import Toggles, read_toggles
+
+if TYPE_CHECKING:
+    from .wheel import Wheel
 
 # Plain (click-style) help: typer's rich panels print a value type even for flags ("--help <bool>").
 app = typer.Typer(
@@ -99,25 +103,130 @@ def env(
     raise typer.Exit(code)
 
 
-@app.command(short_help="Place the package in DIR for the stock vLLM image (no rebuild).")
+@app.command(short_help="Place the package in DIR for the stock vLLM image.")
 def inject(
     target: str = typer.Argument(..., metavar="DIR", help="a volume the vLLM container mounts"),
+    wheel: str = typer.Option(
+        "",
+        "--wheel",
+        metavar="PATH",
+        help="from this wheel (or the one for this machine in this directory), not the installed copy",
+    ),
 ) -> None:
     """Copy this package into DIR with a sitecustomize.py that arms the guard at interpreter start: the
     stock vLLM image then runs the guard with DIR on PYTHONPATH, as a pip install would (an init container's
-    command; docs/operator.md)."""
-    from .inject import InjectError
+    command; docs/operator.md). With --wheel, the files come from the wheel's bytes (its RECORD checked), as
+    the zero-image init container does from the wheel ConfigMap."""
+    from .inject import InjectError, inject_wheel
     from .inject import inject as place
+    from .wheel import WheelError
 
     try:
-        placed = place(target)
-    except (InjectError, OSError) as error:
+        placed, source = inject_wheel(wheel, target) if wheel else (place(target), "")
+    except (InjectError, WheelError, OSError) as error:
         why = str(error).removeprefix("refused: ")  # trust.UntrustedPath's own words say it
         _echo(f"tmaguard inject: {target}: refused: {why}", err=True)
         raise typer.Exit(EXIT_FINDINGS) from error
     if placed.tightened:
         _echo(f"tmaguard inject: {placed.tightened}")
-    _echo(f"placed {len(placed.files)} files in {target}; in the vLLM container set PYTHONPATH={target}")
+    origin = f" from {source}" if source else ""
+    _echo(
+        f"placed {len(placed.files)} files in {target}{origin}; in the vLLM container set PYTHONPATH={target}"
+    )
+
+
+@app.command(short_help="Add the guard to vLLM pods in YAML (Helm post-renderer).")
+def manifests(
+    container: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--container", metavar="NAME", help="the containers so named run vLLM, no others (repeatable)"
+        ),
+    ] = None,
+    wheel: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--wheel", metavar="PATH", help="add a ConfigMap of this wheel and mount it (repeatable)"
+        ),
+    ] = None,
+) -> None:
+    """Read Kubernetes YAML on stdin (helm template, kubectl get -o yaml, a kustomize build) and write it back
+    with the zero-image install added to every container that runs vLLM: an init container in the vLLM
+    image that places the package from the wheel ConfigMap, its volumes, PYTHONPATH, the toggles ConfigMap.
+    Everything else is written back byte for byte; a second run changes nothing. Use as Helm's post-renderer
+    (docs/operator.md). Exit status 1 when it cannot tell which container runs vLLM: name it."""
+    import sys
+
+    from .manifests.postrender import HOW_TO_NAME, postrender
+    from .manifests.stream import StreamError
+
+    wheels = {os.path.basename(path): _checked_wheel(path).data for path in wheel or []}
+    try:
+        result = postrender(sys.stdin.read(), container or [], wheels)
+    except (StreamError, ValueError) as error:
+        _echo(f"tmaguard manifests: refused: {error}", err=True)
+        raise typer.Exit(EXIT_FINDINGS) from error
+    if result.refused:
+        for why in result.refused:
+            _echo(f"tmaguard manifests: refused: {why}", err=True)
+        _echo(f"tmaguard manifests: {HOW_TO_NAME}", err=True)
+        raise typer.Exit(EXIT_FINDINGS)
+    sys.stdout.write(result.text)
+    sys.stdout.flush()
+    for where in result.guarded:
+        _echo(f"tmaguard manifests: guarded {where}", err=True)
+
+
+def _checked_wheel(path: str) -> Wheel:
+    from .wheel import WheelError, read
+
+    try:
+        return read(path)
+    except (WheelError, OSError) as error:
+        _echo(f"tmaguard: {path}: refused: {error}", err=True)
+        raise typer.Exit(EXIT_FINDINGS) from error
+
+
+@app.command(name="wheel-configmap", short_help="The wheel ConfigMap of the zero-image install.")
+def wheel_configmap(
+    wheels: Annotated[
+        list[str], typer.Argument(metavar="WHEEL", help="vllm-tmaguard wheels, one per machine")
+    ],
+    into: str = typer.Option(
+        "",
+        "--into",
+        metavar="DIR",
+        help="write the wheel where a kustomization's configMapGenerator reads it",
+    ),
+    namespace: str = typer.Option("", "--namespace", metavar="NS", help="the ConfigMap's namespace"),
+) -> None:
+    """Print the `tmaguard-wheel` ConfigMap (binaryData, each wheel under its file name) that the pods of
+    `tmaguard manifests` mount: `tmaguard wheel-configmap dist/*.whl | kubectl apply --server-side -f -`.
+    With --into DIR, write the one wheel as DIR/vllm-tmaguard.whl instead, for the configMapGenerator of
+    deploy/k8s/overlays/vcuda-stock-image. Every wheel's RECORD is checked first."""
+    from . import files
+    from .manifests.configmap import wheel_configmap as make
+    from .manifests.stream import dump
+    from .manifests.zero_image import OVERLAY_WHEEL, WHEEL_CONFIGMAP
+
+    found = [_checked_wheel(path) for path in wheels]
+    if into:
+        if len(found) != 1:
+            _echo("tmaguard wheel-configmap: --into takes one wheel (the one for your nodes)", err=True)
+            raise typer.Exit(EXIT_USAGE)
+        try:
+            written = files.install_file(into, OVERLAY_WHEEL, found[0].data, 0o644)
+        except OSError as error:
+            _echo(f"tmaguard wheel-configmap: {into}: refused: {error}", err=True)
+            raise typer.Exit(EXIT_FINDINGS) from error
+        _echo(f"wrote {written} ({found[0].machine or 'any machine'}, vllm-tmaguard {found[0].version})")
+        return
+    try:
+        document = make(WHEEL_CONFIGMAP, {os.path.basename(w.path): w.data for w in found}, namespace, False)
+    except ValueError as error:
+        _echo(f"tmaguard wheel-configmap: refused: {error}", err=True)
+        raise typer.Exit(EXIT_FINDINGS) from error
+    typer.echo(dump(document), nl=False)
 
 
 @app.command(

@@ -5,7 +5,11 @@ The platform-plugin entry point is found through the copied dist-info (importlib
 
   1. copy the installed distribution's files (no .pth, no console script) into the directory, through the
      door's install writes (nothing followed through a link planted in the directory);
-  2. write sitecustomize.py: arm the hook, then run the sitecustomize.py it shadows, if the image has one."""
+  2. write sitecustomize.py: arm the hook, then run the sitecustomize.py it shadows, if the image has one.
+
+The same files come from the wheel's bytes alone (`inject --wheel`, wheel.py) where the package is not
+installed: the zero-image init container runs this module from the wheel itself (zipimport) in the stock
+vLLM image's Python, and places what a pip install of that wheel would have put in site-packages."""
 
 import os
 import stat
@@ -95,3 +99,13 @@ def place(entries: Iterable[tuple[str, bytes, int]], target: str) -> Placed:
 def inject(target: str) -> Placed:
     """Places the installed package in `target` (created if absent)."""
     return place(installed_entries(os.path.dirname(os.path.realpath(__file__))), target)
+
+
+def inject_wheel(source: str, target: str) -> tuple[Placed, str]:
+    """Places the package from the wheel in `source` (a wheel, or a directory of wheels: the one for this
+    machine) in `target`; returns what was placed and the wheel's path. Raises OSError or
+    wheel.WheelError."""
+    from . import wheel
+
+    found = wheel.for_this_machine(source)
+    return place(found.entries, target), found.path

@@ -1,7 +1,8 @@
-"""The guard's decision as a Prometheus info metric on vLLM's own /metrics (docs/operator.md, "Two ways
-in"; alert rules in deploy/monitoring). `info_labels` is a pure function of the record; `export` registers
-the gauge where vLLM's API server serves its registry. Never imports prometheus_client itself (70 ms cold,
-in every process): `vllm serve` has imported it by the time the general plugin runs in the API server."""
+"""The guard's decision as a Prometheus info metric on vLLM's own /metrics (docs/operator.md,
+"Fleet visibility"; alert rules in deploy/monitoring). `info_labels` is a pure function of the record;
+`export` registers the gauge where vLLM's API server serves its registry. Never imports prometheus_client
+itself (70 ms cold, in every process): `vllm serve` has imported it by the time the general plugin runs in
+the API server."""
 
 import sys
 from collections.abc import Mapping

@@ -13,15 +13,32 @@ import pytest
 from deploykit import DEPLOY, KUSTOMIZATIONS, find, render, vllm_container
 
 
-def test_every_kustomization_renders_and_validates_against_the_kubernetes_schemas(rendered) -> None:
+def test_every_kustomization_renders_and_validates_against_the_kubernetes_schemas(
+    rendered, wheel_supplied
+) -> None:
     found = {str(d.relative_to(DEPLOY / "k8s")) for d in render.kustomization_dirs()}
     assert found == set(KUSTOMIZATIONS)
     for name, objects in rendered.items():
         kinds = sorted(o["kind"] for o in objects)
-        assert kinds == ["ConfigMap", "ConfigMap", "ConfigMap", "Deployment", "Service"], name
+        configmaps = 4 if name.endswith("stock-image") else 3  # the wheel's
+        assert kinds == ["ConfigMap"] * configmaps + ["Deployment", "Service"], name
         problems = [p for o in objects for p in render.schema_problems(o)]
         assert not problems, "\n".join(map(str, problems))
-    assert render.check() == []  # what `python deploy/render.py check` runs: also yamllint
+    assert (
+        render.check(supplied=wheel_supplied) == []
+    )  # `python deploy/render.py check --wheel W`: also yamllint
+
+
+def test_check_says_where_the_wheel_goes_when_it_is_not_there(tmp_path) -> None:
+    """Without the wheel (the repository holds none; a developer's placed one is left out of the copy) the
+    zero-image overlay is the one problem, and it says the fix."""
+    k8s = tmp_path / "k8s"
+    shutil.copytree(DEPLOY / "k8s", k8s, ignore=shutil.ignore_patterns("*.whl"))
+    (problem,) = render.check(k8s)
+    assert problem.where.endswith("k8s/overlays/vcuda-stock-image")
+    assert (
+        "vllm-tmaguard.whl is not there" in problem.message and "tmaguard wheel-configmap" in problem.message
+    )
 
 
 def _break_port(d: dict) -> None:
@@ -53,17 +70,17 @@ def test_schema_validation_rejects_a_broken_deployment(rendered, breakage) -> No
     assert len(problems) == len(render.KUBERNETES_VERSIONS), problems
 
 
-def test_check_fails_when_a_manifest_on_disk_is_broken(tmp_path) -> None:
+def test_check_fails_when_a_manifest_on_disk_is_broken(tmp_path, wheel_supplied) -> None:
     k8s = tmp_path / "k8s"
     shutil.copytree(DEPLOY / "k8s", k8s)
     deployment = k8s / "base" / "deployment.yaml"
     deployment.write_text(deployment.read_text().replace("containerPort: 8000", 'containerPort: "8000"'))
-    problems = render.check(k8s)
+    problems = render.check(k8s, wheel_supplied)
     # Every kustomization builds on the base: each of them, under each Kubernetes version checked.
     assert len(problems) == len(KUSTOMIZATIONS) * len(render.KUBERNETES_VERSIONS), problems
     assert all("ports/0/containerPort" in p.where for p in problems), problems
     (k8s / "overlays/hami/vllm-server.yaml").write_text("- {op: replace, path: /data/NOPE, value: '2'}\n")
-    assert any("overlays/hami" in p.where and "NOPE" in p.message for p in render.check(k8s))
+    assert any("overlays/hami" in p.where and "NOPE" in p.message for p in render.check(k8s, wheel_supplied))
 
 
 def test_schema_validation_rejects_broken_configmap_and_service(rendered) -> None:

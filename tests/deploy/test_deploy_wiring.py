@@ -24,7 +24,7 @@ def test_the_deployment_is_wired_as_the_docs_say(rendered, name) -> None:
     deployment = find(objects, "Deployment", "vllm")
     pod = deployment["spec"]["template"]["spec"]
     container = vllm_container(objects)
-    configmaps = {o["metadata"]["name"]: o["data"] for o in objects if o["kind"] == "ConfigMap"}
+    configmaps = {o["metadata"]["name"]: o.get("data", {}) for o in objects if o["kind"] == "ConfigMap"}
 
     assert container["terminationMessagePath"] == "/dev/termination-log"
     assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
@@ -32,7 +32,8 @@ def test_the_deployment_is_wired_as_the_docs_say(rendered, name) -> None:
     if name.endswith("stock-image"):  # vLLM's own image; the package placed by an init container
         assert container["image"] == "vllm/vllm-openai:v0.32.0"
         (inject,) = pod["initContainers"]
-        assert inject["command"] == ["tmaguard", "inject", "/opt/vllm-tmaguard"]
+        assert inject["image"] == container["image"]  # the same image: no image of ours
+        assert inject["args"] == ["inject", "--wheel", "/opt/tmaguard-wheel", "/opt/vllm-tmaguard"]
         env = {e["name"]: e.get("value") for e in container["env"]}
         assert env["PYTHONPATH"] == "/opt/vllm-tmaguard"
         mounts = [
@@ -41,6 +42,10 @@ def test_the_deployment_is_wired_as_the_docs_say(rendered, name) -> None:
         ]
         assert mounts[0]["name"] == mounts[1]["name"] and mounts[1]["readOnly"] is True
         assert "nvidia.com/gpu" not in str(inject.get("resources"))  # no GPU, no layer: it copies files
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        wheel_mount = next(m for m in inject["volumeMounts"] if m["mountPath"] == "/opt/tmaguard-wheel")
+        wheel_map = find(objects, "ConfigMap", volumes[wheel_mount["name"]]["configMap"]["name"])
+        assert list(wheel_map["binaryData"]) == ["vllm-tmaguard.whl"] and wheel_mount["readOnly"] is True
     else:
         assert "initContainers" not in pod
         assert container["image"] == "registry.example.com/vllm-tmaguard:v0.32.0"

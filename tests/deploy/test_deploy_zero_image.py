@@ -1,0 +1,255 @@
+"""The zero-image install (deploy/k8s/overlays/vcuda-stock-image): the init container the overlay renders,
+run as the kubelet would run it (its command and arguments verbatim, in a Python that has vLLM and not this
+package, the ConfigMap volume laid out from the rendered binaryData, no network), places the package exactly
+as `tmaguard inject` does from a pip install of the same wheel; then vLLM starts on the emulated vCUDA pod
+with the overlay loaded, deciding and recording as that pip install does (tests/test_no_rebuild.py)."""
+
+from __future__ import annotations
+
+import base64
+import os
+import stat
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+import yaml
+from deploykit import find, render, vllm_container
+from test_guard_vllm import RESOLVE_PLATFORM
+from test_no_rebuild import _decisions
+
+from vllm_tmaguard.manifests import zero_image
+
+OVERLAY = "overlays/vcuda-stock-image"
+# What pip writes into a dist-info that a wheel does not hold (and its RECORD, which pip rewrites).
+PIP_ONLY = ("INSTALLER", "REQUESTED", "direct_url.json", "RECORD")
+
+
+def _pod(rendered) -> tuple[dict, dict, dict]:
+    objects = rendered[OVERLAY]
+    pod = find(objects, "Deployment", "vllm")["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    return pod, init, vllm_container(objects)
+
+
+def test_the_overlay_adds_what_tmaguard_manifests_adds(rendered) -> None:
+    """One install, two writers: the overlay's hand-written patch and the post-renderer's code agree."""
+    pod, init, vllm = _pod(rendered)
+    assert init == zero_image.init_container(vllm)
+    wheel_volume = next(v for v in pod["volumes"] if v["name"] == zero_image.WHEEL_VOLUME)
+    assert [v for v in pod["volumes"] if v["name"].startswith("tmaguard-")][-2:] == zero_image.volumes(
+        wheel_volume["configMap"]["name"]
+    )
+    assert wheel_volume["configMap"]["name"].startswith(zero_image.WHEEL_CONFIGMAP + "-")  # kustomize's hash
+    assert {"name": "PYTHONPATH", "value": zero_image.PACKAGE_DIR} in vllm["env"]
+    assert {"name": zero_image.PACKAGE_VOLUME, "mountPath": zero_image.PACKAGE_DIR, "readOnly": True} in vllm[
+        "volumeMounts"
+    ]
+
+
+def _configmap_volume(configmap: dict, where: Path) -> Path:
+    """The ConfigMap's keys as kubelet's atomic writer lays them out: ..data -> a timestamped directory,
+    each key a link into ..data; read-only, root's."""
+    stamped = where / "..2026_01_01_00_00_00.000000001"
+    stamped.mkdir(parents=True)
+    for key, value in configmap.get("binaryData", {}).items():
+        (stamped / key).write_bytes(base64.b64decode(value))
+        (stamped / key).chmod(0o644)
+        (where / key).symlink_to(f"..data/{key}")
+    (where / "..data").symlink_to(stamped.name)
+    return where
+
+
+def run_init_container(
+    init: dict, wheel_source: Path, package: Path, python_bin: Path
+) -> subprocess.CompletedProcess[str]:
+    """The init container's command and arguments verbatim, its two volumes bind-mounted at their mount
+    paths (the wheel's read-only) in a private mount namespace, and no network (unshare -n): only the bytes
+    in the ConfigMap volume can be used."""
+    mounts = {m["name"]: m["mountPath"] for m in init["volumeMounts"]}
+    wheel_dir, package_dir = mounts[zero_image.WHEEL_VOLUME], mounts[zero_image.PACKAGE_VOLUME]
+    assert {os.path.dirname(wheel_dir), os.path.dirname(package_dir)} == {"/opt"}
+    script = (
+        'set -e; mount --make-rprivate /; mount -t tmpfs tmpfs /opt; mkdir -p "$3" "$4"; '
+        'mount --bind "$1" "$3"; mount -o remount,bind,ro "$3"; mount --bind "$2" "$4"; shift 4; exec "$@"'
+    )
+    env = {"PATH": f"{python_bin}:/usr/bin:/bin", "HOME": "/root", "LANG": "C.UTF-8"}
+    command = [*init["command"], *init["args"]]
+    return subprocess.run(
+        [
+            "unshare",
+            "-m",
+            "-n",
+            "sh",
+            "-c",
+            script,
+            "sh",
+            wheel_source,
+            package,
+            wheel_dir,
+            package_dir,
+            *command,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd="/",
+    )
+
+
+def _tree(root: Path) -> dict[str, tuple[bytes, int]]:
+    return {
+        str(p.relative_to(root)): (p.read_bytes(), stat.S_IMODE(p.stat().st_mode))
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and "__pycache__" not in p.parts
+    }
+
+
+@pytest.fixture(scope="module")
+def pip_installed(tmp_path_factory, release) -> Path:
+    """A Python with vLLM and this test environment's other packages, and the release wheel installed by pip
+    (what deploy/Dockerfile does to the vLLM image): the Python to compare the zero-image install with."""
+    root = tmp_path_factory.mktemp("pip-installed")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
+    python = root / "bin" / "python"
+    site = Path(
+        subprocess.run(
+            [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()
+    )  # fmt: skip
+    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
+        if not entry.name.startswith("vllm_tmaguard"):
+            (site / entry.name).symlink_to(entry)
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "--no-index", "-q",
+         release.wheels["x86_64"]],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return python
+
+
+@pytest.fixture(scope="module")
+def placed(rendered, stock_python, tmp_path_factory) -> Path:
+    """What the overlay's init container placed, from the rendered ConfigMap alone."""
+    pod, init, _ = _pod(rendered)
+    work = tmp_path_factory.mktemp("zero-image")
+    volume = next(v for v in pod["volumes"] if v["name"] == zero_image.WHEEL_VOLUME)
+    configmap = find(rendered[OVERLAY], "ConfigMap", volume["configMap"]["name"])
+    wheels = _configmap_volume(configmap, work / "configmap")
+    package = work / "emptydir"
+    package.mkdir()
+    package.chmod(0o777)  # as kubelet makes an emptyDir
+    done = run_init_container(init, wheels, package, Path(stock_python).parent)
+    assert done.returncode == 0, done.stderr
+    assert "placed" in done.stdout and "made 0755" in done.stdout, done.stdout
+    return package
+
+
+def test_the_init_container_places_the_package_as_tmaguard_inject_does(
+    placed, pip_installed, tmp_path
+) -> None:
+    injected = tmp_path / "injected"
+    done = subprocess.run(
+        [pip_installed, "-m", "vllm_tmaguard", "inject", injected],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    theirs, ours = _tree(injected), _tree(placed)
+    dist_info = next(name.split("/")[0] for name in ours if name.endswith(".dist-info/METADATA"))
+    pip_only = {f"{dist_info}/{name}" for name in PIP_ONLY}
+    assert {k: v for k, v in ours.items() if k not in pip_only} == {
+        k: v for k, v in theirs.items() if k not in pip_only
+    }
+    assert {
+        "sitecustomize.py",
+        "vllm_tmaguard/lib/libtmaguard_overlay.so",
+        f"{dist_info}/entry_points.txt",
+    } <= set(ours)
+    assert (
+        stat.S_IMODE(placed.stat().st_mode) == 0o755
+    )  # kubelet's 0777 tightened: nobody else may replace it
+
+
+def test_vllm_starts_on_the_vcuda_pod_with_the_overlay_loaded(
+    rendered, placed, pip_installed, pods, run_python, stock_python
+) -> None:
+    _, _, vllm = _pod(rendered)
+    assert {"name": "PYTHONPATH", "value": zero_image.PACKAGE_DIR} in vllm["env"]
+    pod = pods("vcuda")
+    run = run_python(pod, RESOLVE_PLATFORM, {"PYTHONPATH": str(placed)}, python=stock_python, records="zero")
+    pip = run_python(pod, RESOLVE_PLATFORM, python=str(pip_installed), records="pip")
+    assert "error" not in run.result, run.result
+    assert run.result == pip.result
+    record = run.last_record()
+    assert record["trigger"] == "import-hook"  # armed at interpreter start by the placed sitecustomize.py
+    assert "load-overlay" in [a["kind"] for a in record["actions"]]
+    assert _decisions(run) == _decisions(pip)
+
+
+def test_a_wheel_for_another_machine_is_refused_by_name(rendered, release, stock_python, tmp_path) -> None:
+    """An aarch64 wheel in the ConfigMap of an x86_64 node: the init container fails, saying so (its exit
+    status and message: kubectl describe pod shows them)."""
+    _, init, _ = _pod(rendered)
+    wheels = tmp_path / "configmap"
+    wheels.mkdir()
+    (wheels / "vllm-tmaguard.whl").write_bytes(release.wheels["aarch64"].read_bytes())
+    package = tmp_path / "emptydir"
+    package.mkdir()
+    done = run_init_container(init, wheels, package, Path(stock_python).parent)
+    assert done.returncode == 1, done.stderr
+    assert "no vllm-tmaguard wheel for x86_64" in done.stderr and "(aarch64)" in done.stderr
+    assert list(package.iterdir()) == []
+
+
+TMAGUARD = str(Path(sys.executable).parent / "tmaguard")
+
+
+def test_wheel_configmap_prints_the_configmap_the_post_renderer_mounts(release, tmp_path) -> None:
+    """`tmaguard wheel-configmap dist/*.whl | kubectl apply --server-side -f -`: both wheels under their file
+    names, valid against the Kubernetes schemas, and what the init container reads back is the wheel."""
+    wheels = [str(release.wheels[arch]) for arch in ("x86_64", "aarch64")]
+    done = subprocess.run([TMAGUARD, "wheel-configmap", *wheels], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    (document,) = list(yaml.safe_load_all(done.stdout))
+    assert document["metadata"]["name"] == zero_image.WHEEL_CONFIGMAP
+    assert render.schema_problems(document) == []
+    assert {k: base64.b64decode(v) for k, v in document["binaryData"].items()} == {
+        Path(w).name: Path(w).read_bytes() for w in wheels
+    }
+    layout = _configmap_volume(document, tmp_path / "volume")
+    from vllm_tmaguard import wheel
+
+    assert wheel.for_this_machine(str(layout), "aarch64").path.endswith("aarch64.whl")
+
+
+def test_a_wheel_its_record_does_not_vouch_for_is_refused(release, tmp_path) -> None:
+    """A byte changed in one member (the overlay library): RECORD's hash no longer matches; nothing is placed
+    from it, by the init container's command or by wheel-configmap."""
+    tampered = tmp_path / "vllm-tmaguard.whl"
+    with zipfile.ZipFile(release.wheels["x86_64"]) as source, zipfile.ZipFile(tampered, "w") as out:
+        for info in source.infolist():
+            data = source.read(info)
+            if info.filename.endswith("libtmaguard_overlay.so"):
+                data = data[:-1] + bytes([data[-1] ^ 1])
+            out.writestr(info, data)
+    for command in (
+        ["inject", "--wheel", str(tampered), str(tmp_path / "placed")],
+        ["wheel-configmap", str(tampered)],
+    ):
+        done = subprocess.run([TMAGUARD, *command], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 1, done.stderr
+        assert "libtmaguard_overlay.so does not match its RECORD hash" in done.stderr and done.stdout == ""
+    assert not (tmp_path / "placed").exists() or list((tmp_path / "placed").iterdir()) == []
+    two = subprocess.run(
+        [TMAGUARD, "wheel-configmap", *map(str, release.wheels.values()), "--into", str(tmp_path)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert two.returncode == 2 and "--into takes one wheel" in two.stderr

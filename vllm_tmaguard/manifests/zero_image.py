@@ -1,0 +1,102 @@
+"""The zero-image install added to a pod spec: an init container that runs in the vLLM container's own image
+and places the package from the wheel ConfigMap (`tmaguard inject --wheel`, with the package imported from
+the wheel itself), the two volumes, and in each vLLM container PYTHONPATH, the package's mount and the
+toggles ConfigMap (optional: the defaults hold without it). deploy/k8s/overlays/vcuda-stock-image writes the
+same pieces by hand (tests/deploy/test_deploy_zero_image.py holds the two equal).
+
+Each `ensure_*` adds only what is missing and says whether it changed anything: a second run changes
+nothing."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+INIT_CONTAINER = "tmaguard-inject"
+PACKAGE_VOLUME = "tmaguard-package"
+PACKAGE_DIR = "/opt/vllm-tmaguard"
+WHEEL_VOLUME = "tmaguard-wheel"
+WHEEL_DIR = "/opt/tmaguard-wheel"
+WHEEL_CONFIGMAP = "tmaguard-wheel"
+# The file the kustomize overlay's configMapGenerator reads (`tmaguard wheel-configmap WHEEL --into DIR`).
+OVERLAY_WHEEL = "vllm-tmaguard.whl"
+TOGGLES_CONFIGMAP = "tmaguard-toggles"
+# Runs in the image's own Python (-I: no PYTHONPATH or user site of the image's): the package imported from
+# the first wheel in the ConfigMap volume (its Python is the same for every machine), then `tmaguard inject
+# --wheel DIR TARGET`, which picks the wheel for this machine and checks it against its RECORD.
+BOOTSTRAP = (
+    "import glob, sys; sys.path[:0] = sorted(glob.glob(sys.argv[3] + '/*.whl'))[:1]; "
+    "from vllm_tmaguard.__main__ import main; main()"
+)
+COMMAND = ["python3", "-I", "-c", BOOTSTRAP]
+ARGS = ["inject", "--wheel", WHEEL_DIR, PACKAGE_DIR]
+RESOURCES = {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}}
+
+
+def init_container(vllm: dict[str, Any]) -> dict[str, Any]:
+    """The init container for a pod whose vLLM container is `vllm`: its image, pull policy and security
+    context (so that the files are its user's), no GPU."""
+    container: dict[str, Any] = {"name": INIT_CONTAINER, "image": vllm.get("image")}
+    if "imagePullPolicy" in vllm:
+        container["imagePullPolicy"] = vllm["imagePullPolicy"]
+    container |= {"command": list(COMMAND), "args": list(ARGS), "resources": copy.deepcopy(RESOURCES)}
+    if "securityContext" in vllm:
+        container["securityContext"] = copy.deepcopy(vllm["securityContext"])
+    container["volumeMounts"] = [
+        {"name": WHEEL_VOLUME, "mountPath": WHEEL_DIR, "readOnly": True},
+        {"name": PACKAGE_VOLUME, "mountPath": PACKAGE_DIR},
+    ]
+    return container
+
+
+def volumes(wheel_configmap: str = WHEEL_CONFIGMAP) -> list[dict[str, Any]]:
+    return [
+        {"name": PACKAGE_VOLUME, "emptyDir": {}},
+        {"name": WHEEL_VOLUME, "configMap": {"name": wheel_configmap}},
+    ]
+
+
+def ensure_pod(pod_spec: dict[str, Any], vllm: dict[str, Any], wheel_configmap: str) -> bool:
+    """The init container (first, before any init container of the chart's that might start vLLM code) and
+    the volumes."""
+    changed = False
+    inits = pod_spec.setdefault("initContainers", [])
+    if not any(c.get("name") == INIT_CONTAINER for c in inits):
+        inits.insert(0, init_container(vllm))
+        changed = True
+    present = {v.get("name"): v for v in pod_spec.setdefault("volumes", [])}
+    for volume in volumes(wheel_configmap):
+        if volume["name"] not in present:
+            pod_spec["volumes"].append(volume)
+            changed = True
+        elif volume["name"] == WHEEL_VOLUME and present[WHEEL_VOLUME].get("configMap") != volume["configMap"]:
+            present[WHEEL_VOLUME]["configMap"] = volume["configMap"]  # another wheel given: its ConfigMap
+            changed = True
+    if not inits:
+        del pod_spec["initContainers"]
+    return changed
+
+
+def ensure_container(container: dict[str, Any]) -> bool:
+    """PYTHONPATH with the package first, its read-only mount, the toggles ConfigMap. Raises ValueError for a
+    PYTHONPATH this cannot prepend to."""
+    changed = False
+    env = container.setdefault("env", [])
+    found = next((e for e in env if e.get("name") == "PYTHONPATH"), None)
+    if found is None:
+        env.append({"name": "PYTHONPATH", "value": PACKAGE_DIR})
+        changed = True
+    elif "valueFrom" in found:
+        raise ValueError("its PYTHONPATH comes from valueFrom: set it as a value, with the package first")
+    elif str(found.get("value", "")).split(":")[0] != PACKAGE_DIR:
+        found["value"] = f"{PACKAGE_DIR}:{found['value']}" if found.get("value") else PACKAGE_DIR
+        changed = True
+    mounts = container.setdefault("volumeMounts", [])
+    if not any(m.get("name") == PACKAGE_VOLUME for m in mounts):
+        mounts.append({"name": PACKAGE_VOLUME, "mountPath": PACKAGE_DIR, "readOnly": True})
+        changed = True
+    sources = container.setdefault("envFrom", [])
+    if not any((s.get("configMapRef") or {}).get("name") == TOGGLES_CONFIGMAP for s in sources):
+        sources.append({"configMapRef": {"name": TOGGLES_CONFIGMAP, "optional": True}})
+        changed = True
+    return changed
