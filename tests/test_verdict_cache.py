@@ -19,6 +19,10 @@ PER_PROCESS = ("pid", "time", "trigger", "timings_ms", "elapsed_ms", "record_fil
 # Says which process is the one the test started: vLLM starts helpers on sm_90 (Humming's build) whose
 # guards write records too.
 SAYS_PID = "import os\nprint('PID', os.getpid(), flush=True)\n"
+# The guard's activation as vLLM's import hook runs it, without the rest of vLLM's start-up: for the processes
+# whose only part in a test is to store a verdict or to show one replayed (a vLLM import costs seconds; each
+# test keeps at least one process that starts vLLM on the verdict it is about).
+GUARD_ONLY = "from vllm_tmaguard.guard import activate\nactivate('import-hook')\n"
 
 
 def record(run) -> dict:
@@ -102,7 +106,7 @@ CHANGES = {
 @pytest.mark.parametrize("change", CHANGES)
 def test_a_changed_input_sends_the_process_to_the_full_run(pods, run_python, change) -> None:
     pod = pods("vcuda", cc="9.0")
-    first = run_python(pod, SAYS_PID + RESOLVE_PLATFORM)
+    first = run_python(pod, SAYS_PID + GUARD_ONLY)
     make_change, field, kept = CHANGES[change]
     env = make_change(pod)
     later = run_python(pod, SAYS_PID + RESOLVE_PLATFORM, env)
@@ -110,7 +114,7 @@ def test_a_changed_input_sends_the_process_to_the_full_run(pods, run_python, cha
     assert again.get("replayed_from") is None and "replay" not in again["timings_ms"]
     assert field is None or again[field] != decided[field]  # decided afresh, on what changed
     assert len(entries(later.record_dir)) == kept
-    assert record(run_python(pod, SAYS_PID + RESOLVE_PLATFORM, env))["replayed_from"] == again["pid"]
+    assert record(run_python(pod, SAYS_PID + GUARD_ONLY, env))["replayed_from"] == again["pid"]
 
 
 @pytest.mark.parametrize("kind", ["vcuda", "bare"])
@@ -120,7 +124,7 @@ def test_a_library_path_entry_without_the_driver_is_no_change(pods, run_python, 
     those entries hold no libcuda.so.1 the loader finds what it found, and the verdict is replayed; an entry
     that holds one is a changed input."""
     pod = pods(kind, cc="9.0")
-    first = run_python(pod, SAYS_PID + RESOLVE_PLATFORM)
+    first = run_python(pod, SAYS_PID + GUARD_ONLY)
     inherited = pod.env.get("LD_LIBRARY_PATH", "")
     opencv = {"LD_LIBRARY_PATH": f"{tmp_path / 'cv2/../../lib64'}:{inherited}"}
     later = run_python(pod, SAYS_PID + RESOLVE_PLATFORM, opencv)
@@ -128,14 +132,14 @@ def test_a_library_path_entry_without_the_driver_is_no_change(pods, run_python, 
     shadowing = tmp_path / "shadow"
     shadowing.mkdir()
     shutil.copy(pod.lib_dir / "libcuda.so.1", shadowing / "libcuda.so.1")
-    shadowed = run_python(pod, SAYS_PID + RESOLVE_PLATFORM, {"LD_LIBRARY_PATH": f"{shadowing}:{inherited}"})
+    shadowed = run_python(pod, SAYS_PID + GUARD_ONLY, {"LD_LIBRARY_PATH": f"{shadowing}:{inherited}"})
     own = record(shadowed)
     assert own.get("replayed_from") is None and own["libcuda"]["path"] == str(shadowing / "libcuda.so.1")
 
 
 def test_a_library_mapped_before_the_guard_is_a_changed_input(pods, run_python) -> None:
     pod = pods("vcuda", cc="9.0")
-    first = run_python(pod, SAYS_PID + RESOLVE_PLATFORM)
+    first = run_python(pod, SAYS_PID + GUARD_ONLY)
     mapped_first = "import ctypes, os; ctypes.CDLL('libcuda.so.1', mode=os.RTLD_GLOBAL)\n" + RESOLVE_PLATFORM
     later = run_python(pod, SAYS_PID + mapped_first)
     own = record(later)
@@ -147,13 +151,13 @@ def test_a_secret_that_would_show_in_the_stored_record_is_no_replay(pods, run_py
     """The stored record was redacted against the first process's environment; a later one with a secret
     whose value appears in it gets the full run, which redacts it."""
     pod = pods("vcuda", cc="9.0")
-    first = run_python(pod, SAYS_PID + RESOLVE_PLATFORM)
+    first = run_python(pod, SAYS_PID + GUARD_ONLY)
     assert str(pod.lib_dir) in json.dumps(record(first))
     later = run_python(pod, SAYS_PID + RESOLVE_PLATFORM, {"SERVICE_API_KEY": str(pod.lib_dir)})
     own = record(later)
     assert own.get("replayed_from") is None
     assert str(pod.lib_dir) not in json.dumps(own) and "<redacted $SERVICE_API_KEY>" in json.dumps(own)
-    harmless = run_python(pod, SAYS_PID + RESOLVE_PLATFORM, {"SOME_SETTING": str(pod.lib_dir)})
+    harmless = run_python(pod, SAYS_PID + GUARD_ONLY, {"SOME_SETTING": str(pod.lib_dir)})
     assert record(harmless)["replayed_from"] == record(first)["pid"]  # the redacted one was not stored
 
 
@@ -161,7 +165,7 @@ def test_a_module_to_block_already_imported_is_no_replay(pods, run_python) -> No
     """A network layer on Hopper: no real encoder, so FA3's extension is kept from importing. A later
     process that imported it already gets the full run, which says so."""
     pod = pods("lupine", cc="9.0")
-    first = run_python(pod, SAYS_PID + RESOLVE_PLATFORM)
+    first = run_python(pod, SAYS_PID + GUARD_ONLY)
     blocked = record(first)["routing"]["blocked_imports"]
     assert "vllm.vllm_flash_attn._vllm_fa3_C" in blocked
     imported = f"import sys, types\nsys.modules[{blocked[0]!r}] = types.ModuleType('fa3')\n"
@@ -170,7 +174,7 @@ def test_a_module_to_block_already_imported_is_no_replay(pods, run_python) -> No
     assert own.get("replayed_from") is None
     assert [p["code"] for p in own["problems"]] == ["imported-early"]
     assert len(entries(later.record_dir)) == 1  # a problem of that process alone is not stored for others
-    assert record(run_python(pod, SAYS_PID + RESOLVE_PLATFORM))["replayed_from"] == record(first)["pid"]
+    assert record(run_python(pod, SAYS_PID + GUARD_ONLY))["replayed_from"] == record(first)["pid"]
 
 
 def test_a_strict_stop_is_never_stored(pods, run_python) -> None:
@@ -185,7 +189,7 @@ def test_a_strict_stop_is_never_stored(pods, run_python) -> None:
 def test_validate_mode_replays_and_changes_nothing(pods, run_python) -> None:
     pod = pods("vcuda", cc="9.0")
     env = {"TMAGUARD_MODE": "validate"}
-    first = run_python(pod, SAYS_PID + RESOLVE_PLATFORM, env)
+    first = run_python(pod, SAYS_PID + GUARD_ONLY, env)
     later = run_python(pod, SAYS_PID + RESOLVE_PLATFORM, env)
     assert record(later)["replayed_from"] == record(first)["pid"]
     assert later.result["error"].endswith("undefined symbol: cuTensorMapEncodeTiled")  # nothing loaded
@@ -194,7 +198,7 @@ def test_validate_mode_replays_and_changes_nothing(pods, run_python) -> None:
 @pytest.mark.parametrize("damage", ["writable by others", "a link", "not JSON", "another version"])
 def test_a_cache_file_that_is_not_ours_alone_is_ignored(pods, run_python, tmp_path, damage) -> None:
     pod = pods("vcuda", cc="9.0")
-    first = run_python(pod, SAYS_PID + RESOLVE_PLATFORM)
+    first = run_python(pod, SAYS_PID + GUARD_ONLY)
     cache = first.record_dir / "verdicts.json"
     if damage == "writable by others":  # readable by others is no concern: nobody else could have written it
         cache.chmod(0o646)
@@ -210,7 +214,7 @@ def test_a_cache_file_that_is_not_ours_alone_is_ignored(pods, run_python, tmp_pa
     assert record(later).get("replayed_from") is None
     assert "error" not in later.result, later.result
     if damage != "a link":  # the full run stored its verdict anew; the next process replays it
-        again = run_python(pod, SAYS_PID + RESOLVE_PLATFORM)
+        again = run_python(pod, SAYS_PID + GUARD_ONLY)
         assert record(again)["replayed_from"] == record(later)["pid"]
 
 

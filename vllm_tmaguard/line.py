@@ -63,7 +63,7 @@ _CAVEATS = {
     "hami-cuda-12.8-hang": "this build hangs under CUDA 12.8+ runtimes",
     "hidden-build-meters-nothing": "a hidden-visibility build that meters nothing",
     "cuda-graph-capture-fails": "CUDA-graph capture fails",
-    "half-cublas-fails": "fp16/bf16 cuBLAS GEMMs fail on sm_90",
+    "half-cublas-fails": "fp16/bf16 cuBLAS GEMMs fail (a quantized model cannot serve here)",
     "meters-nothing-cuda12": "meters nothing under CUDA 12+ runtimes",
 }
 

@@ -61,7 +61,8 @@ VLLM_ARGS = {
     CUDA_GRAPH_CAPTURE_FAILS: ("--compilation-config", '{"cudagraph_mode": "NONE"}'),
     MANAGED_IPC: ("--disable-custom-all-reduce",),
     OVERSOLD_MANAGED: ("--disable-custom-all-reduce",),
-    HALF_CUBLAS_FAILS: ("--dtype", "float32"),  # fp32 GEMMs take no private-table path (H100, lupine)
+    # fp32 GEMMs take no private-table path (H100, lupine); vLLM refuses fp32 for GPTQ/AWQ models (measured)
+    HALF_CUBLAS_FAILS: ("--dtype", "float32"),
 }
 ALTERNATIVE_ARGS = {CUDA_GRAPH_CAPTURE_FAILS: ("--enforce-eager",)}
 

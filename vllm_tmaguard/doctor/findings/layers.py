@@ -112,8 +112,9 @@ _CAVEATS = {
         "slot 4 of the driver's private export table 1734dc26-800d-4745-8726-c0f1e7dd8bca, which the client "
         "answers CUDA_ERROR_NOT_SUPPORTED (it forwards no private table; LUPINE_TRACE=1 shows the call). "
         "vLLM's unquantized fp16/bf16 layers go through cuBLAS and fail.",
-        "No overlay can answer a private table for a GPU across the network: serve with --dtype float32 "
-        "(fp32 GEMMs work, at twice the memory), or on a pod without lupine (docs/real-layers.md).",
+        "No overlay can answer a private table for a GPU across the network: an unquantized model serves "
+        "with --dtype float32 (fp32 GEMMs work, at twice the memory); a quantized one (GPTQ, AWQ: fp16/bf16 "
+        "only, measured) needs a pod without lupine, or a lupine client that forwards that table.",
     ),
     m.METERS_NOTHING_CUDA12: (
         "KubeShare/Gemini meters nothing under CUDA 12+ runtimes",
