@@ -168,7 +168,10 @@ def main() -> None:
     lines = [
         "## Guard cost per process: import plus activation",
         "",
-        f"Command: `.venv/bin/python bench/guard_cost.py --runs {args.runs}` (this CPU machine, emulated "
+        f"Command: `.venv/bin/python bench/guard_cost.py --runs {args.runs}"
+        + (" --baseline SITE`, SITE holding the package of the commit before (the rows marked baseline, "
+           "each of its processes alternating with this build's)" if args.baseline else "`")
+        + " (this CPU machine, emulated "
         "pods; the Hopper rows are in docs/real-layers.md). Each sample is a fresh process that first "
         "imports the standard-library modules vLLM's platform import loads, then times `import "
         "vllm_tmaguard.guard` and `activate()`; a pod's first process (empty record directory: the full "

@@ -1,9 +1,9 @@
 """The field layers' tables of docs/real-layers.md (issue 26), from field.sh's and serve.sh's results, and
 their raw results under docs/device/field-layers/.
 
-usage: python bench/device/real_layers/field_report.py FIELD-CHECKS.tgz [REAL-SERVE.tgz]
-  Prints Markdown; writes docs/device/field-layers/checks.jsonl and serve/<pod>.json (each pod's summary
-  without its server log's tail)."""
+usage: python bench/device/real_layers/field_report.py FIELD-CHECKS.tgz [REAL-SERVE.tgz ...]
+  Prints Markdown; writes docs/device/field-layers/checks.jsonl and serve-<n>/<pod>.json, one directory per
+  serving call (each pod's summary without its server log's tail)."""
 
 from __future__ import annotations
 
@@ -57,16 +57,17 @@ def checks_table(rows: list[dict]) -> list[str]:
     return lines
 
 
-def serve_table(files: dict[str, bytes]) -> list[str]:
+def serve_table(files: dict[str, bytes], run: int) -> list[str]:
     summaries = {
         name.split("/")[1]: json.loads(data)
         for name, data in files.items()
         if name.endswith("/summary.json") and name.count("/") == 2
     }
-    (OUT / "serve").mkdir(parents=True, exist_ok=True)
+    target = OUT / f"serve-{run}"
+    target.mkdir(parents=True, exist_ok=True)
     for pod, summary in summaries.items():
         kept = {k: v for k, v in summary.items() if k != "log_tail"}
-        (OUT / "serve" / f"{pod}.json").write_text(json.dumps(kept, indent=1))
+        (target / f"{pod}.json").write_text(json.dumps(kept, indent=1))
     reference = [o["token_ids"] for o in summaries.get("a", {}).get("outputs") or []]
     bare = summaries.get("a", {}).get("bench", {})
     lines = [
@@ -109,9 +110,9 @@ def main() -> None:
     rows = [json.loads(line) for line in files["field/checks.jsonl"].decode().splitlines()]
     (OUT / "checks.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     print("\n".join(checks_table(rows)))
-    if len(sys.argv) > 2:
+    for run, archive in enumerate(sys.argv[2:], start=1):
         print()
-        print("\n".join(serve_table(members(Path(sys.argv[2])))))
+        print("\n".join(serve_table(members(Path(archive)), run)))
 
 
 if __name__ == "__main__":
