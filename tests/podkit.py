@@ -102,10 +102,11 @@ def child_environ(
 
 
 # A private mount namespace whose /dev is a tmpfs holding the usual device nodes (bound from the real /dev)
-# and a /dev/termination-log bound to the file given as $1: what a Kubernetes container sees, without a
-# file in this machine's /dev.
+# and a /dev/termination-log that is the file given as $2, bound ($1 = bind) or a symbolic link to it
+# ($1 = link: a container whose termination-message path someone replaced with a link): what a Kubernetes
+# container sees, without a file in this machine's /dev.
 _KUBELET_DEV = r"""set -e
-termination_log=$1; shift
+how=$1 termination_log=$2; shift 2
 saved=$(mktemp -d); mount --rbind /dev "$saved"
 mount -t tmpfs -o mode=755 tmpfs /dev
 for node in null zero full random urandom tty; do
@@ -113,15 +114,17 @@ for node in null zero full random urandom tty; do
 done
 ln -s /proc/self/fd /dev/fd; ln -s /proc/self/fd/0 /dev/stdin; ln -s /proc/self/fd/1 /dev/stdout
 ln -s /proc/self/fd/2 /dev/stderr; mkdir /dev/shm; mount --bind "$saved/shm" /dev/shm 2> /dev/null || true
-touch /dev/termination-log; mount --bind "$termination_log" /dev/termination-log
+if [ "$how" = link ]; then ln -s "$termination_log" /dev/termination-log
+else touch /dev/termination-log; mount --bind "$termination_log" /dev/termination-log; fi
 exec "$@"
 """
 
 
-def as_kubelet_container(command: list[str], termination_log: Path) -> list[str]:
+def as_kubelet_container(command: list[str], termination_log: Path, linked: bool = False) -> list[str]:
     """`command` run where /dev/termination-log is `termination_log` (which must exist: the kubelet makes
-    it; the guard only appends)."""
-    return ["unshare", "-m", "sh", "-c", _KUBELET_DEV, "sh", str(termination_log), *command]
+    it; the guard only appends), or with linked=True a symbolic link to it."""
+    how = "link" if linked else "bind"
+    return ["unshare", "-m", "sh", "-c", _KUBELET_DEV, "sh", how, str(termination_log), *command]
 
 
 # The guard's one log line must stay readable in `kubectl logs` (vllm_tmaguard/record.py render_text).
@@ -290,7 +293,7 @@ def build_standins(build_dir: Path) -> dict[str, Path]:
     """
     build_dir = Path(build_dir)
     build_dir.mkdir(parents=True, exist_ok=True)
-    header = CSRC / "standin_entry_points.h"
+    headers = [CSRC / "standin_entry_points.h", CSRC / "standin_dlsym.h"]
     this_file = Path(__file__).resolve()
     out: dict[str, Path] = {}
     # Serialise concurrent builders (pytest-xdist workers, parallel sessions).
@@ -300,7 +303,7 @@ def build_standins(build_dir: Path) -> dict[str, Path]:
             source = CSRC / target.source
             output = build_dir / target.output
             args = [*CFLAGS, *target.flags, str(source), *target.libs]
-            _compile(output, [source, header, this_file], args)
+            _compile(output, [source, *headers, this_file], args)
             out[name] = output
 
         # The extension must say NEEDED libcuda.so.1: link through a libcuda.so name.

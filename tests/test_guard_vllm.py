@@ -8,6 +8,9 @@ import json
 import pytest
 from podkit import expected_descriptor, write_gpus
 
+# The guard's activation as vLLM's import hook runs it, without the rest of vLLM's start-up: for a test about
+# the guard's line or record alone (a vLLM start costs seconds of CPU; the tests about vLLM start it).
+GUARD_ONLY = "from vllm_tmaguard.guard import activate\nactivate('import-hook')\n"
 # Resolves vLLM's current platform (this imports the CUDA extension), then reports vLLM's ops.
 RESOLVE_PLATFORM = """
 import json
@@ -172,7 +175,8 @@ def test_validate_mode_reports_and_changes_nothing(pods, run_python) -> None:
 
 
 def test_json_record(pods, run_python) -> None:
-    run = run_python(pods("vcuda"), RESOLVE_PLATFORM, {"TMAGUARD_LOG_FORMAT": "json"})
+    """The line as JSON is the whole record (the guard's activation as vLLM's import hook runs it)."""
+    run = run_python(pods("vcuda"), GUARD_ONLY, {"TMAGUARD_LOG_FORMAT": "json"})
     (line,) = run.guard_lines()
     record = json.loads(line.split("] ", 1)[1])
     assert record == run.last_record()
@@ -210,10 +214,11 @@ def test_a_bad_toggle_falls_back_to_its_default_and_keeps_the_symbol_fix(
 
 
 def test_strict_mode_spelt_as_a_mode_gets_a_hint(pods, run_python) -> None:
-    run = run_python(pods("vcuda"), RESOLVE_PLATFORM, {"TMAGUARD_MODE": "strict"})
-    assert run.result["platform"] == "NvmlCudaPlatform"
+    """The hint in the guard's line (vLLM starting with a bad toggle:
+    test_a_bad_toggle_falls_back_to_its_default_and_keeps_the_symbol_fix)."""
+    run = run_python(pods("vcuda"), GUARD_ONLY, {"TMAGUARD_MODE": "strict"})
     (line,) = run.guard_lines()
-    assert "did you mean TMAGUARD_STRICT=1" in line
+    assert "did you mean TMAGUARD_STRICT=1" in line and "overlay loaded" in line
 
 
 def test_bad_toggle_in_strict_mode_stops_start_up(pods, run_python, tmp_path) -> None:

@@ -44,9 +44,13 @@ def test_forked_child_writes_its_own_record(pods, run_python) -> None:
 
 
 def test_process_records_are_bounded(pods, run_python) -> None:
-    """Each process adds a file: the directory keeps the newest 64, whatever ran before."""
+    """Each process adds a file: the directory keeps the newest 64, whatever ran before. (The guard's
+    activation alone, as vLLM's import hook runs it: keeping the directory bounded is the guard's write.)"""
     pod = pods("vcuda")
-    code = "import json, vllm, os\nprint('RESULT ' + json.dumps(os.getpid()))"
+    code = (
+        "import json, os\nfrom vllm_tmaguard.guard import activate\nactivate('import-hook')\n"
+        "print('RESULT ' + json.dumps(os.getpid()))"
+    )
     first = run_python(pod, code)
     stale = [first.record_dir / f"process-{pid}.json" for pid in range(1, 80)]
     for path in stale:

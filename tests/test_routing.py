@@ -10,6 +10,7 @@ import pytest
 from vllm_tmaguard.routing_table import TABLES, table_for
 
 SELECTORS = (Path(__file__).parent / "versions" / "probe.py").read_text()  # vLLM's real selectors
+GUARD_ONLY = "from vllm_tmaguard.guard import activate\nactivate('import-hook')\n"
 H100 = {"gpu_name": "NVIDIA H100 80GB HBM3", "cc": "9.0"}
 # The oracles below are read from vLLM 0.32.0's own sources (docs/research/vllm_tma_paths.md), not from the
 # guard's routing table: a wrong table entry fails these tests instead of agreeing with itself.
@@ -123,7 +124,9 @@ def test_gemm_hopper_stops_start_up_when_tma_is_unusable(pods, run_python) -> No
 
 
 def test_gemm_bad_value_names_it(pods, run_python) -> None:
-    run = run_python(pods("bare", **H100), SELECTORS, {"TMAGUARD_GEMM": "fastest"})
+    """The guard's own line (its activation as vLLM's import hook runs it; the selectors with the toggle at
+    its default are test_gemm_hopper_and_auto_keep_the_tma_path_on_a_complete_driver's)."""
+    run = run_python(pods("bare", **H100), GUARD_ONLY, {"TMAGUARD_GEMM": "fastest"})
     (line,) = run.guard_lines()
     assert "TMAGUARD_GEMM='fastest'" in line and "auto | hopper | portable | latency" in line
 

@@ -280,15 +280,27 @@ def read_bytes(path: str, limit: int = SYSTEM_FILE_LIMIT, *, noted: bool = True)
     return data
 
 
-def read_head(path: str, size: int) -> bytes:
-    """The first `size` bytes of a regular file (links followed), noted by its stat. Raises OSError."""
+def _open_noted(path: str) -> tuple[int, os.stat_result]:
+    """A regular file opened without blocking (links followed), noted by the stat of the very file opened
+    (or its error). The caller closes it. Raises OSError."""
     try:
         fd = _open_regular(path, None)
     except OSError as error:
         _note("stat", path, ["error", error.errno])
         raise
     try:
-        _note("stat", path, observation("stat", os.fstat(fd)))
+        info = os.fstat(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    _note("stat", path, observation("stat", info))
+    return fd, info
+
+
+def read_head(path: str, size: int) -> bytes:
+    """The first `size` bytes of a regular file (links followed), noted by its stat. Raises OSError."""
+    fd, _ = _open_noted(path)
+    try:
         return os.read(fd, size)
     finally:
         os.close(fd)
@@ -308,14 +320,8 @@ def mapped(path: str) -> Iterator[tuple[Any, int]]:
     OSError."""
     import mmap
 
+    fd, info = _open_noted(path)
     try:
-        fd = _open_regular(path, None)
-    except OSError as error:
-        _note("stat", path, ["error", error.errno])
-        raise
-    try:
-        info = os.fstat(fd)
-        _note("stat", path, observation("stat", info))
         if info.st_size == 0:
             yield b"", 0
             return

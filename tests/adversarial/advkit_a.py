@@ -20,7 +20,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from podkit import Pod, build_pod, scrubbed_environ
+from podkit import Pod, as_kubelet_container, build_pod, scrubbed_environ
 
 REPO = Path(__file__).resolve().parent.parent.parent
 # The package as a user runs it: `python -m vllm_tmaguard` (the console script is the same entry point).
@@ -207,22 +207,6 @@ def planted_libcuda(output: Path, marker: Path) -> Path:
     return output
 
 
-# podkit.as_kubelet_container's namespace, but /dev/termination-log a symbolic link to the file given as $1
-# (a container whose termination-message path someone replaced with a link).
-_LINKED_TERMINATION_LOG = r"""set -e
-target=$1; shift
-saved=$(mktemp -d); mount --rbind /dev "$saved"
-mount -t tmpfs -o mode=755 tmpfs /dev
-for node in null zero full random urandom tty; do
-  if [ -e "$saved/$node" ]; then touch "/dev/$node"; mount --bind "$saved/$node" "/dev/$node"; fi
-done
-ln -s /proc/self/fd /dev/fd; ln -s /proc/self/fd/0 /dev/stdin; ln -s /proc/self/fd/1 /dev/stdout
-ln -s /proc/self/fd/2 /dev/stderr
-ln -s "$target" /dev/termination-log
-exec "$@"
-"""
-
-
 def with_linked_termination_log(command: list[str], target: Path) -> list[str]:
     """`command` run where /dev/termination-log is a symbolic link to `target` (a private mount namespace)."""
-    return ["unshare", "-m", "sh", "-c", _LINKED_TERMINATION_LOG, "sh", str(target), *command]
+    return as_kubelet_container(command, target, linked=True)

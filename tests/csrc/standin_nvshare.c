@@ -59,16 +59,7 @@ static void *g_driver;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static sem_t g_registered;
 
-typedef void *(*dlsym_fn)(void *, const char *);
-
-static dlsym_fn real_dlsym(void) {
-    static dlsym_fn fn;
-    if (!fn)
-        fn = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
-    if (!fn)
-        fn = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
-    return fn;
-}
+#include "standin_dlsym.h"
 
 static void bump(int idx) { __atomic_fetch_add(&g_calls[idx], 1, __ATOMIC_RELAXED); }
 

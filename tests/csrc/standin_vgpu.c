@@ -21,16 +21,7 @@ static long long g_launch_calls;
 static unsigned long long g_used;
 static int g_initialised;
 
-typedef void *(*dlsym_fn)(void *, const char *);
-
-static dlsym_fn real_dlsym(void) {
-    static dlsym_fn fn;
-    if (!fn)
-        fn = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
-    if (!fn)
-        fn = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
-    return fn;
-}
+#include "standin_dlsym.h"
 
 static void initialise_shared_state(void) {
     if (__atomic_exchange_n(&g_initialised, 1, __ATOMIC_ACQ_REL))

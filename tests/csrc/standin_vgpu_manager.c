@@ -49,16 +49,7 @@ static long long g_calls[N_EPS];
 static void *g_real[N_EPS];
 static unsigned long long g_used;
 
-typedef void *(*dlsym_fn)(void *, const char *);
-
-static dlsym_fn real_dlsym(void) {
-    static dlsym_fn fn;
-    if (!fn)
-        fn = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
-    if (!fn)
-        fn = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
-    return fn;
-}
+#include "standin_dlsym.h"
 
 static void bump(int idx) { __atomic_fetch_add(&g_calls[idx], 1, __ATOMIC_RELAXED); }
 

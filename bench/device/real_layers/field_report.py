@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 import statistics
 import sys
-import tarfile
 from pathlib import Path
+
+from report import members  # the issue-18 tables' script beside this one
 
 ROOT = Path(__file__).resolve().parents[3]
 OUT = ROOT / "docs/device/field-layers"
@@ -21,11 +22,6 @@ SERVED = {
     "vgm": "vgpu-manager 3d7f66d", "nvs": "nvshare 1a8f211 (graphs off)", "lup": "lupine 7fbd364 (fp32)",
     "a32": "bare, fp32",
 }  # fmt: skip
-
-
-def members(archive: Path) -> dict[str, bytes]:
-    with tarfile.open(archive) as tar:
-        return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
 
 
 def cell(result: dict) -> str:
