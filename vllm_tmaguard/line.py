@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shlex
 import sys
 from typing import Any
 
@@ -77,6 +76,8 @@ def caveat_parts(document: dict[str, Any]) -> list[str]:
                 continue
             part = f"{layer['layer']}: {_CAVEATS.get(caveat['code'], caveat['code'])}"
             if caveat["vllm_args"]:
+                import shlex  # only here: a caveat with flags is rare, and every process imports this module
+
                 part += f"; pass {shlex.join(caveat['vllm_args'])}"
                 part += f" (or {shlex.join(caveat['or_vllm_args'])})" if caveat["or_vllm_args"] else ""
             else:

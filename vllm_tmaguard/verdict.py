@@ -188,12 +188,12 @@ def _matching(entries: list[dict[str, Any]]) -> dict[str, Any] | None:
     return None
 
 
-def _replayable_here(entry: dict[str, Any]) -> bool:
+def _replayable_here(entry: dict[str, Any], text: str) -> bool:
     """What the stored inputs cannot tell: that no module to block is imported yet, that every library to
     load is still trusted (trust.py: its path's owners and modes, checked again), and that no secret of this
-    process's environment appears in the stored record (it was redacted against another's). Only the
-    variables the stages do not read (those are the same as the storing process's) whose values appear in
-    it, few or none, are asked whether they are secrets."""
+    process's environment appears in the stored record (`text`: it was redacted against another's). Only
+    the variables the stages do not read (those are the same as the storing process's) whose values appear
+    in it, few or none, are asked whether they are secrets."""
     redo = entry["redo"]
     if any(sys.modules.get(module) is not None for module in redo["block"]):
         return False
@@ -202,7 +202,7 @@ def _replayable_here(entry: dict[str, Any]) -> bool:
 
         if any(path_problem(path) is not None for path, _, _ in redo["load"]):
             return False
-    text, shortest, same = json.dumps(entry["record"]), entry["secret_min"], entry["process"]["env"]
+    shortest, same = entry["secret_min"], entry["process"]["env"]
     appearing = {k: v for k, v in os.environ.items() if k not in same and len(v) >= shortest and v in text}
     if not appearing:
         return True
@@ -211,17 +211,18 @@ def _replayable_here(entry: dict[str, Any]) -> bool:
     return not secret_values(appearing)
 
 
-def _issuable(record: dict[str, Any]) -> bool:
-    """Whether the stored record can be written and logged as it is, tried before anything is changed: a
-    damaged one (a field its line reads missing or of another type, nesting the encoder refuses) sends the
-    process to the full run, which replaces the entry, instead of failing after its libraries are loaded."""
+def _issuable(record: dict[str, Any]) -> str | None:
+    """The stored record as JSON where it can be written and logged as it is, tried before anything is
+    changed; None for a damaged one (a field its line reads missing or of another type, nesting the encoder
+    refuses), which sends the process to the full run, which replaces the entry, instead of failing after its
+    libraries are loaded."""
     try:
-        json.dumps(record)
+        text = json.dumps(record)
         level_of(record)
         render(record)
     except Exception:  # whatever a damaged document raises (KeyError, TypeError, RecursionError...)
-        return False
-    return True
+        return None
+    return text
 
 
 def redo(plan: dict[str, Any]) -> bool:
@@ -259,7 +260,10 @@ def replay(trigger: str) -> Issued | None:
     started = time.perf_counter()
     directory = replay_directory()
     entry = _matching(load_entries(directory)) if directory else None
-    if entry is None or directory is None or not _replayable_here(entry) or not _issuable(entry["record"]):
+    if entry is None or directory is None:
+        return None
+    text = _issuable(entry["record"])
+    if text is None or not _replayable_here(entry, text):
         return None
     if not redo(entry["redo"]):
         return None
