@@ -104,7 +104,13 @@ PASSED = (
     "CUDA_CACHE_PATH",
     "CUDA_CACHE_MAXSIZE",
     "TMPDIR",
+    "E2E_PROBE_DIR",
+    "E2E_PROBE_BYTES",
 )
+# E2E_PROBE=1: every Python process of a pod runs probe/sitecustomize.py; once the server has answered its
+# prompts each process with a CUDA context says what cudaMemGetInfo shows it and whether an allocation past
+# the layer's limit (E2E_PROBE_BYTES, default 10 GiB) is refused: the limit in the EngineCore and workers.
+PROBE = os.environ.get("E2E_PROBE", "0") == "1"
 
 
 def build_pod(name: str, shape: str | None) -> dict[str, str]:
@@ -286,6 +292,10 @@ class Server:
             "CUDA_CACHE_PATH": str(STATE / "nv-cache"),
             "CUDA_CACHE_MAXSIZE": str(4 << 30),
         }
+        if PROBE:
+            (self.out / "probe").mkdir()
+            env["E2E_PROBE_DIR"] = str(self.out / "probe")
+            env["PYTHONPATH"] = f"{ROOT / 'bench/device/e2e/probe'}:{env['PYTHONPATH']}"
         engine = () if shape in QUOTA_SHOWN and not SAME_ENGINE else SHARED_GPU
         command = [
             PYTHON, "-m", "vllm.entrypoints.cli.main", "serve", str(MODEL), "--served-model-name", "tiny",
@@ -308,6 +318,37 @@ class Server:
             cwd=STATE,
             preexec_fn=pinned(cores),
         )
+
+    def probe(self, wait_s: float = 30.0) -> None:
+        """SIGUSR2 to each process the probe noted (never the process group: bash and unshare would die of
+        it); collects the answers of those alive."""
+        probe_dir = self.out / "probe"
+        asked = []
+        for note in sorted(probe_dir.glob("pid-*")):
+            pid = int(note.name.removeprefix("pid-"))
+            try:
+                os.kill(pid, signal.SIGUSR2)
+                asked.append(pid)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait_s
+        answered = lambda: all((probe_dir / f"result-{pid}.json").exists() for pid in asked)  # noqa: E731
+        while time.monotonic() < deadline and not answered():
+            time.sleep(0.5)
+        results = []
+        for pid in asked:
+            path = probe_dir / f"result-{pid}.json"
+            results.append(json.loads(path.read_text()) if path.exists() else {"pid": pid, "answer": None})
+        self.summary["probe"] = results
+        for result in results:
+            if result.get("cuda") or result.get("probe_error"):
+                gib = {k: result.get(k, 0) / 2**30 for k in ("total", "free", "asked")}
+                print(
+                    f"PROBE {self.name} {result['pid']} {result.get('title')}: cuda:{result.get('device')}"
+                    f" total {gib['total']:.2f} GiB, free {gib['free']:.2f} GiB; {gib['asked']:.0f} GiB more:"
+                    f" {result.get('past_limit')} {result.get('probe_error', '')}",
+                    flush=True,
+                )
 
     def finish(self) -> dict:
         stop(self.process)
@@ -349,6 +390,8 @@ def main() -> None:
                 server.summary["outputs"] = complete_prompts(server.port)
             except Exception as error:  # a failing step is a result
                 server.summary["error"] = f"{type(error).__name__}: {error}"
+        for server in ready if PROBE else ():
+            server.probe()
         bench_all(ready, client_env, wall_deadline, client_cores)
     finally:
         for server in servers:

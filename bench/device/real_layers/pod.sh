@@ -97,8 +97,11 @@ vars=(PATH="$PATH" HOME=/root PYTHONUNBUFFERED=1 TMAGUARD_RECORD_DIR="${TMAGUARD
 [ -n "${PYTHONPATH:-}" ] && vars+=(PYTHONPATH="$PYTHONPATH")
 case $layer in
   vcuda-*) vars+=(LD_LIBRARY_PATH="$dir/lib") ;;
-  hami*) vars+=(CUDA_DEVICE_MEMORY_LIMIT_0="${QUOTA_HAMI:-8g}" CUDA_DEVICE_SM_LIMIT=100
-               CUDA_DEVICE_MEMORY_SHARED_CACHE="$dir/hami-${QUOTA_HAMI:-8g}.cache") ;;
+  hami*)  # its device plugin sets a limit for each GPU it gives the pod (tensor parallel: every GPU here)
+    for index in $(nvidia-smi --query-gpu=index --format=csv,noheader); do
+      vars+=(CUDA_DEVICE_MEMORY_LIMIT_$index="${QUOTA_HAMI:-8g}")
+    done
+    vars+=(CUDA_DEVICE_SM_LIMIT=100 CUDA_DEVICE_MEMORY_SHARED_CACHE="$dir/hami-${QUOTA_HAMI:-8g}.cache") ;;
   vgpu-manager)  # it dlopens libcuda.so.<version> by that name: the container toolkit puts the driver's
     # files in a directory the loader searches (here they are elsewhere, found through ld.so.cache by SONAME)
     uuid=$(nvidia-smi --query-gpu=uuid --format=csv,noheader -i 0)
