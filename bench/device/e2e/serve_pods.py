@@ -320,14 +320,14 @@ class Server:
         )
 
     def probe(self, wait_s: float = 30.0) -> None:
-        """SIGUSR2 to each process the probe noted (never the process group: bash and unshare would die of
+        """SIGWINCH to each process the probe noted (never the process group: bash and unshare would die of
         it); collects the answers of those alive."""
         probe_dir = self.out / "probe"
         asked = []
         for note in sorted(probe_dir.glob("pid-*")):
             pid = int(note.name.removeprefix("pid-"))
             try:
-                os.kill(pid, signal.SIGUSR2)
+                os.kill(pid, signal.SIGWINCH)
                 asked.append(pid)
             except ProcessLookupError:
                 pass

@@ -1,8 +1,9 @@
 """The device run's quota probe, in every Python process of a served pod (this directory first on PYTHONPATH,
-E2E_PROBE_DIR set): each process notes its pid; on SIGUSR2 it answers, from its main thread (where vLLM set
+E2E_PROBE_DIR set): each process notes its pid; on SIGWINCH it answers, from its main thread (where vLLM set
 the process's CUDA device), what `cudaMemGetInfo` shows it and whether an allocation of E2E_PROBE_BYTES past
 the layer's limit is refused. serve_pods.py signals the noted pids once the server has answered its prompts
-(the engine idle). Bench code: never part of the package."""
+(the engine idle). SIGWINCH, not SIGUSR1/2: HAMi-core takes those for its own suspend and resume, and a
+process without this handler ignores SIGWINCH. Bench code: never part of the package."""
 
 import json
 import os
@@ -46,5 +47,5 @@ def _answer(signum: int, frame: object) -> None:
 
 if _DIR and os.path.isdir(_DIR):
     _note_pid()
-    signal.signal(signal.SIGUSR2, _answer)
+    signal.signal(signal.SIGWINCH, _answer)
     os.register_at_fork(after_in_child=_note_pid)
