@@ -106,6 +106,9 @@ case $layer in
     # files in a directory the loader searches (here they are elsewhere, found through ld.so.cache by SONAME)
     uuid=$(nvidia-smi --query-gpu=uuid --format=csv,noheader -i 0)
     vars+=(LD_LIBRARY_PATH="$(dirname "$real_cuda")")
+    # the container toolkit gives the pod only its GPU's device node; on a machine of several GPUs,
+    # CUDA_VISIBLE_DEVICES stands for that (vgpu-manager dies on a CUDA device it has no limit for)
+    vars+=(CUDA_VISIBLE_DEVICES="$uuid")
     vars+=(CUDA_MEM_LIMIT_0="$(( ${QUOTA:-8589934592} >> 20 ))m" MANAGER_VISIBLE_DEVICES="$uuid"
            MANAGER_COMPATIBILITY_MODE=0 ${CORE_LIMIT:+CUDA_CORE_LIMIT_0=$CORE_LIMIT}) ;;
   nvshare)
