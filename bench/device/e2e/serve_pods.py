@@ -53,6 +53,10 @@ QUOTA_SHOWN = (
     "real:hami-93cf05d", "real:vgpu-manager",
 )  # fmt: skip
 MAX_TOKENS = 64
+# E2E_LOGPROBS=N: each prompt's answer keeps the top N logprobs at every position, so that a token that
+# differs from bare's can be told apart as a near tie (bare's top two within rounding) or a wrong number
+# (logprobs on the common prefix far from bare's).
+LOGPROBS = int(os.environ.get("E2E_LOGPROBS", "0"))
 
 # pod: (layer shape or None for the bare driver, extra environment, what it is). "real:POD" is a real layer
 # built from its source, in its device plugin's layout (bench/device/real_layers/pod.sh).
@@ -216,9 +220,14 @@ def complete_prompts(port: int) -> list[dict]:
             max_tokens=MAX_TOKENS,
             temperature=0,
             extra_body={"return_token_ids": True, "ignore_eos": True},
+            logprobs=LOGPROBS or None,
         )
         choice = response.choices[0]
-        outputs.append({"text": choice.text, "token_ids": getattr(choice, "token_ids", None)})
+        output = {"text": choice.text, "token_ids": getattr(choice, "token_ids", None)}
+        if LOGPROBS and choice.logprobs:  # per position: the chosen token's logprob and the top ones'
+            output["logprobs"] = choice.logprobs.token_logprobs
+            output["top"] = [sorted(top.values(), reverse=True) for top in choice.logprobs.top_logprobs]
+        outputs.append(output)
     return outputs
 
 

@@ -1,9 +1,10 @@
 """The field layers' tables of docs/real-layers.md (issue 26), from field.sh's and serve.sh's results, and
 their raw results under docs/device/field-layers/.
 
-usage: python bench/device/real_layers/field_report.py FIELD-CHECKS.tgz [REAL-SERVE.tgz ...]
+usage: python bench/device/real_layers/field_report.py [--first N] [FIELD-CHECKS.tgz] [REAL-SERVE.tgz ...]
   Prints Markdown; writes docs/device/field-layers/checks.jsonl and serve-<n>/<pod>.json, one directory per
-  serving call (each pod's summary without its server log's tail)."""
+  serving call (each pod's summary without its server log's tail), n counting from N (default 1); a serving
+  call run with E2E_PROBE=1 also gets the table of what each process with a CUDA context was shown."""
 
 from __future__ import annotations
 
@@ -100,15 +101,44 @@ def serve_table(files: dict[str, bytes], run: int) -> list[str]:
     return lines
 
 
+def probe_table(files: dict[str, bytes]) -> list[str]:
+    """Each process with a CUDA context (E2E_PROBE=1): what cudaMemGetInfo showed it, and whether an
+    allocation past the layer's limit was refused."""
+    lines = ["| pod | process | device | cudaMemGetInfo total / free | past the limit |", "|" + "---|" * 5]
+    for name, data in sorted(files.items()):
+        if not (name.endswith("/summary.json") and name.count("/") == 2):
+            continue
+        pod = name.split("/")[1]
+        for result in json.loads(data).get("probe") or []:
+            if not result.get("cuda"):
+                continue
+            total, free, asked = (result[k] / 2**30 for k in ("total", "free", "asked"))
+            lines.append(
+                f"| {SERVED.get(pod, pod)} | {result.get('title')} | cuda:{result['device']} "
+                f"| {total:.2f} / {free:.2f} GiB | {asked:.0f} GiB more: {result.get('past_limit')} |"
+            )
+    return lines if len(lines) > 2 else []
+
+
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
-    files = members(Path(sys.argv[1]))
-    rows = [json.loads(line) for line in files["field/checks.jsonl"].decode().splitlines()]
-    (OUT / "checks.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    print("\n".join(checks_table(rows)))
-    for run, archive in enumerate(sys.argv[2:], start=1):
+    arguments = sys.argv[1:]
+    first = 1
+    if arguments[:1] == ["--first"]:
+        first, arguments = int(arguments[1]), arguments[2:]
+    archives = [members(Path(archive)) for archive in arguments]
+    if archives and "field/checks.jsonl" in archives[0]:
+        files = archives.pop(0)
+        rows = [json.loads(line) for line in files["field/checks.jsonl"].decode().splitlines()]
+        (OUT / "checks.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+        print("\n".join(checks_table(rows)))
+    for run, files in enumerate(archives, start=first):
         print()
-        print("\n".join(serve_table(members(Path(archive)), run)))
+        print("\n".join(serve_table(files, run)))
+        probes = probe_table(files)
+        if probes:
+            print()
+            print("\n".join(probes))
 
 
 if __name__ == "__main__":
