@@ -101,6 +101,41 @@ def serve_table(files: dict[str, bytes], run: int) -> list[str]:
     return lines
 
 
+def divergence_table(files: dict[str, bytes]) -> list[str]:
+    """With E2E_LOGPROBS: for each pod against bare, the largest logprob difference on the tokens both chose
+    alike (a wrong number shows here), and bare's margin between its top two where they first part (a near
+    tie: within the half-precision rounding step)."""
+    summaries = {
+        name.split("/")[1]: json.loads(data)
+        for name, data in files.items()
+        if name.endswith("/summary.json") and name.count("/") == 2
+    }
+    reference = summaries.get("a", {}).get("outputs") or []
+    if not reference or "logprobs" not in reference[0]:
+        return []
+    lines = [
+        "| pod | identical to bare | largest logprob difference before parting | bare's top-two margin where "
+        "they part |",
+        "|---|---|---|---|",
+    ]
+    for pod, name in SERVED.items():
+        outputs = summaries.get(pod, {}).get("outputs") or []
+        if pod == "a" or not outputs:
+            continue
+        prefix_gaps, margins = [0.0], []
+        for mine, bare in zip(outputs, reference, strict=False):
+            pairs = list(zip(mine["token_ids"], bare["token_ids"], strict=True))
+            part = next((i for i, (x, y) in enumerate(pairs) if x != y), len(pairs))
+            chosen = zip(mine["logprobs"][:part], bare["logprobs"][:part], strict=True)
+            prefix_gaps += [abs(x - y) for x, y in chosen]
+            if part < len(pairs):
+                margins.append(bare["top"][part][0] - bare["top"][part][1])
+        same = sum(m["token_ids"] == b["token_ids"] for m, b in zip(outputs, reference, strict=False))
+        where = ", ".join(f"{m:.1e}" for m in margins) or "-"
+        lines.append(f"| {name} | {same} of {len(outputs)} | {max(prefix_gaps):.1e} | {where} |")
+    return lines
+
+
 def probe_table(files: dict[str, bytes]) -> list[str]:
     """Each process with a CUDA context (E2E_PROBE=1): what cudaMemGetInfo showed it, and whether an
     allocation past the layer's limit was refused."""
@@ -135,10 +170,10 @@ def main() -> None:
     for run, files in enumerate(archives, start=first):
         print()
         print("\n".join(serve_table(files, run)))
-        probes = probe_table(files)
-        if probes:
-            print()
-            print("\n".join(probes))
+        for table in (divergence_table(files), probe_table(files)):
+            if table:
+                print()
+                print("\n".join(table))
 
 
 if __name__ == "__main__":
