@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 import sysconfig
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -87,12 +87,13 @@ def run_python(tmp_path: Path) -> Callable[..., Run]:
         python: str = sys.executable,
         records: str = "records",
         termination_log: Path | None = None,
+        args: Sequence[str] = (),
     ) -> Run:
         """`termination_log`: the process sees this file as the kubelet's /dev/termination-log (a private
-        mount namespace, podkit.as_kubelet_container)."""
+        mount namespace, podkit.as_kubelet_container); `args`: the process's command line after `-c`."""
         record_dir = tmp_path / records
         child_env = child_environ(pod, record_dir, env)
-        command = [python, "-c", code]
+        command = [python, "-c", code, *args]
         done = subprocess.run(
             as_kubelet_container(command, termination_log) if termination_log else command,
             env=child_env,

@@ -1,12 +1,14 @@
 """One pass of passive probes over files: everything planning what to supply needs, gathered without side
 effects on the process (no CUDA context, no load of libcuda.so.1, no call into a sharing layer)."""
 
+import sys
 from collections.abc import Mapping
 from typing import NamedTuple
 
 from .catalogue import DRIVER_LIBRARY, ENCODERS, MARKER
 from .elf import ElfError, ElfInfo, read_elf
 from .gpu import cuda_version_of_driver, read_driver_version
+from .launch import eager_flag
 from .layers import LIBCUDA_PREFIXES, Layer, detect_layers, gather_evidence
 from .loader import LibraryResolution, find_real_driver, resolve_library
 from .process import read_loaded_objects
@@ -52,6 +54,7 @@ class Facts(NamedTuple):
     trigger: str
     kernels_listed: frozenset[str] | None  # the routing table's names the installed vLLM lists
     environ: Mapping[str, str]  # the user's settings routing merges with
+    eager: str | None = None  # the command-line flag that makes vLLM run eager (launch.py), if any
 
 
 def probe_driver(environ: Mapping[str, str], root: str) -> DriverFacts:
@@ -91,4 +94,5 @@ def probe(
     driver = probe_driver(environ, root)
     layers = detect_layers(gather_evidence(root, environ, driver.info), driver.cuda_version)
     vllm = probe_vllm_cached(cache_dir, vllm_dir)
-    return Facts(driver, vllm, layers, trigger, vllm.kernels_listed, dict(environ))
+    eager = eager_flag(sys.argv)
+    return Facts(driver, vllm, layers, trigger, vllm.kernels_listed, dict(environ), eager)

@@ -21,8 +21,11 @@ from .routing_table import (
 from .supply import COMPLETE, LACKING
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from .facts import Facts
     from .gpu import GpuFacts
+    from .layers import Layer
     from .supply import SupplyPlan
 
 DISABLED_KERNELS = "VLLM_DISABLED_KERNELS"
@@ -47,6 +50,7 @@ class RoutingInputs(NamedTuple):
     gemm: str  # TMAGUARD_GEMM
     listed: frozenset[str] | None  # kernel names the installed vLLM's selector file lists; None: unreadable
     environ: Mapping[str, str]
+    round_trips: str | None = None  # why each driver call costs a network round trip and nothing hides it
 
 
 class FamilyRoute(NamedTuple):
@@ -94,7 +98,18 @@ def _why_disabled(name: str, inputs: RoutingInputs, majors: frozenset[int]) -> s
         return "libcuda.so.1 lacks cuLaunchKernelEx, which its launcher needs"
     if inputs.gemm == "latency" and kernel.latency_swap and 9 in majors:
         return "TMAGUARD_GEMM=latency: Marlin decodes one stream faster on sm_90 (docs/e2e-on-hopper.md)"
+    if inputs.gemm == "auto" and inputs.round_trips and kernel.latency_swap and 9 in majors:
+        return f"{inputs.round_trips}: Marlin's GEMM costs 2 round trips, Machete's 6-7 (docs/design.md §3.3)"
     return None
+
+
+def round_trip_reason(layers: "Sequence[Layer]", eager: str | None) -> str | None:
+    """Why each kernel launch costs a network round trip that CUDA graphs do not hide: a layer with no local
+    driver (every call goes to its server) under a vLLM run eager. None otherwise."""
+    remote = next((layer for layer in layers if not layer.forwards_to_local_driver), None)
+    if remote is None or eager is None:
+        return None
+    return f"{remote.label} sends every driver call to its server and vLLM runs eager ({eager})"
 
 
 def _merge_disabled(user_value: str, ours: list[str]) -> str | None:
@@ -287,7 +302,7 @@ def plan_routing_after(
     encoder = (supply.encoder.reachable, supply.encoder.reason)
     return plan_routing(
         gpus.capabilities(), gpus.cuda_driver_version, encoder, supply.launch_ex, facts.vllm.version,
-        facts.kernels_listed, gemm, facts.environ,
+        facts.kernels_listed, gemm, facts.environ, round_trip_reason(facts.layers, facts.eager),
     )  # fmt: skip
 
 
@@ -300,6 +315,7 @@ def plan_routing(
     listed: frozenset[str] | None,
     gemm: str,
     environ: Mapping[str, str],
+    round_trips: str | None = None,
 ) -> RoutePlan:
     """How to steer vLLM's kernels: the TMA verdict and route(), with the settings it overrides as problems.
     `capabilities`: the GPUs' (empty: unknown, routed as if any TMA architecture)."""
@@ -308,7 +324,7 @@ def plan_routing(
     routing = route(
         RoutingInputs(
             table, note, vllm_version, capabilities, encoder[0], encoder[1], tma.usable, tma.reason,
-            launch_ex, gemm, listed, environ,
+            launch_ex, gemm, listed, environ, round_trips,
         )
     )  # fmt: skip
     problems = [

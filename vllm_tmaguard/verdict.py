@@ -6,7 +6,8 @@ costs a few dozen stat calls instead of the full run's imports and ELF reads.
 What a verdict was decided from, observed alike when it is stored and when it is replayed:
   1. the process: the environment variables the stages read (LD_LIBRARY_PATH by its effect on the loader's
      search, unless the stages read more of it), the files loaded under the driver's name where one answers
-     it, the working directory, the effective user, the interpreter and the vLLM package it would import;
+     it, the working directory, the effective user, the interpreter, the vLLM package it would import and
+     the command line's eager flag (launch.py);
   2. files: every file input the full run read through the door, with what it looked like as it was read
      (files.Notes: identity, size, modification and change times; a /proc file's content).
 A verdict is replayed whole or not at all: the stored record with this process's pid, time and trigger, the
@@ -27,6 +28,7 @@ from typing import Any
 from . import __version__
 from .files import default_record_dir, observe, private_problem, read_private_json, write_private
 from .issue import Issued, issue
+from .launch import eager_flag
 from .line import level_of, render
 from .process import (
     LIBRARY_PATH,
@@ -68,6 +70,7 @@ def observe_process(library: str, env_names: Iterable[str], env_prefixes: Iterab
         "euid": os.geteuid(),
         "python": [sys.executable, sys.version],
         "vllm": find_package_dir("vllm"),
+        "eager": eager_flag(sys.argv),  # routing reads it (launch.py)
     }
 
 
