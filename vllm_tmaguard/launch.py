@@ -36,7 +36,7 @@ def _graph_mode_none(value: str) -> bool | None:
     """A compilation config's cudagraph_mode: True for NONE, False for another, None where it says none."""
     try:
         config = json.loads(value)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth: vLLM refuses it too
         return None
     mode = config.get(_GRAPH_MODE) if isinstance(config, dict) else None
     return None if mode is None else str(mode).upper() == "NONE"

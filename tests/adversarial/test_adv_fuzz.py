@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from vllm_tmaguard import files, gpu, scan_cache, verdict
 from vllm_tmaguard.doctor.hooks import read_record
+from vllm_tmaguard.launch import eager_flag
 from vllm_tmaguard.record_shape import why_not_a_record
 
 FUZZ = settings(
@@ -167,3 +168,19 @@ def test_a_proc_file_that_is_a_fifo_or_endless_is_refused(tmp_path) -> None:
     with pytest.raises(files.Refused, match="more than the 1024"):
         files.read_bytes(str(big), 1024)
     assert gpu.probe_gpus(str(tmp_path)).gpus == ()
+
+
+FLAG_WORDS = st.sampled_from(
+    ["--enforce-eager", "--no-enforce-eager", "-O", "-O0", "-O=1", "--optimization-level", "-cc",
+     "--compilation-config", "-cc.cudagraph_mode", "--compilation-config.cudagraph_mode=NONE", "0", "NONE",
+     '{"cudagraph_mode": "NONE"}', '{"cudagraph_mode": 7}', "[" * 100_000, "=", ""]
+)  # fmt: skip
+
+
+@FUZZ
+@given(argv=st.lists(FLAG_WORDS | st.text(max_size=30), max_size=12))
+def test_any_command_line_gives_an_eager_flag_or_none(argv) -> None:
+    """The process's command line (launch.py) is read by every guarded process: any words, vLLM's flags
+    among them, a compilation config nested past JSON's depth, give a flag as written or None."""
+    found = eager_flag(["vllm", *argv])
+    assert found is None or (isinstance(found, str) and found.split()[0] in argv)
