@@ -6,7 +6,8 @@ ignored .thirdparty/ (CI renders the charts of the same shapes in tests/deploy/c
     # the production stack's chart at a named commit, from a clone (or the fetched snapshot) of
     # vllm-project/production-stack:
     git -C PRODUCTION_STACK archive a6c01db0 helm | tar -x -C .thirdparty/production-stack-a6c01db0
-    # optionally vLLM's chart, from a clone of vllm-project/vllm:
+    # optionally vLLM's chart, from a clone of vllm-project/vllm (or its files as a code index stores them:
+    # docs/operator.md names the commits they came from):
     git -C VLLM archive COMMIT examples/online_serving/chart-helm | tar -x -C .thirdparty/vllm-COMMIT
     .venv/bin/python scripts/render_real_charts.py --stack .thirdparty/production-stack-a6c01db0/helm \\
         --stack-commit a6c01db0 [--vllm-chart .thirdparty/vllm-COMMIT/examples/online_serving/chart-helm \\
@@ -68,13 +69,15 @@ def schema_problems(text: str) -> list[str]:
 
 
 def post_render(text: str) -> tuple[str, str]:
-    first = subprocess.run([TMAGUARD, "manifests"], input=text, capture_output=True, text=True, check=False)
+    """Bytes in and out, as Helm pipes them: text mode would turn a chart's CRLF line ends into LF and make
+    every document look changed."""
+    first = subprocess.run([TMAGUARD, "manifests"], input=text.encode(), capture_output=True, check=False)
     if first.returncode != 0:
-        raise SystemExit(f"tmaguard manifests failed ({first.returncode}):\n{first.stderr}")
-    second = subprocess.run([TMAGUARD, "manifests"], input=first.stdout, capture_output=True, text=True)
+        raise SystemExit(f"tmaguard manifests failed ({first.returncode}):\n{first.stderr.decode()}")
+    second = subprocess.run([TMAGUARD, "manifests"], input=first.stdout, capture_output=True)
     if second.stdout != first.stdout:
         raise SystemExit("tmaguard manifests: a second run changed the output")
-    return first.stdout, first.stderr
+    return first.stdout.decode(), first.stderr.decode()
 
 
 def unchanged(before: str, after: str) -> tuple[int, int]:

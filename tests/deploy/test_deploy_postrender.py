@@ -128,6 +128,32 @@ def test_vllms_chart_through_the_post_renderer(release, stock_python, tmp_path) 
     assert (package / "vllm_tmaguard/lib/libtmaguard_overlay.so").is_file()
 
 
+def test_a_chart_with_crlf_line_ends_comes_back_byte_for_byte(tmp_path) -> None:
+    """vLLM's chart-helm files, as the code index stores them (docs/operator.md), end their lines with CRLF,
+    and Helm passes the CRs through to the post-renderer: every document it does not guard comes back with
+    them, byte for byte (bytes in and out, as Helm pipes them)."""
+    import shutil
+
+    chart = tmp_path / "vllm"
+    shutil.copytree(CHARTS / "vllm", chart)
+    for path in chart.rglob("*"):
+        if path.is_file():
+            path.write_bytes(path.read_bytes().replace(b"\r\n", b"\n").replace(b"\n", b"\r\n"))
+    before = helm_template(chart, {}).encode()
+    assert b"\r\n" in before
+    done = subprocess.run([TMAGUARD, "manifests"], input=before, capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    again = subprocess.run([TMAGUARD, "manifests"], input=done.stdout, capture_output=True, timeout=60)
+    assert again.stdout == done.stdout
+    split = re.compile(rb"(?m)^(?=---\r?$)")
+    old, new = split.split(before)[1:], split.split(done.stdout)[1:]
+    kept = [a for a, b in zip(old, new, strict=True) if a == b]
+    changed = [yaml.safe_load(b.decode()) for a, b in zip(old, new, strict=True) if a != b]
+    assert [d["kind"] for d in changed] == ["Deployment"] and len(kept) == len(old) - 1
+    assert all(b"\r\n" in document for document in kept)
+    _check_guarded(changed[0]["spec"]["template"]["spec"], ["vllm"])
+
+
 def test_the_production_stacks_shape_through_the_post_renderer() -> None:
     values = {"servingEngineSpec": {"configs": {"TMAGUARD_MODE": "auto"}, "modelSpec": [MODEL]}}
     before = helm_template(CHARTS / "stack", values)
