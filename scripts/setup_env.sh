@@ -38,11 +38,16 @@ if [ ! -f "$stamp" ]; then
   echo "Building the test environment $venv (pip's output: $log)"
   : >"$log"
   [ -x "$venv/bin/python" ] || step "virtualenv ($("$python" --version 2>&1))" "$python" -m venv "$venv"
-  step "torch $torch_version (CUDA build)" "${pip[@]}" "${torch[@]}"
-  step "vLLM $vllm_version (without its dependencies)" "${pip[@]}" --no-deps "${vllm[@]}"
-  step "what vLLM's import path needs (${#vllm_imports[@]} packages)" "${pip[@]}" "${vllm_imports[@]}"
-  step "${humming[*]}" "${pip[@]}" "${humming[@]}"
-  step "test tools (pytest, ruff, auditwheel, ...)" "${pip[@]}" "${test_tools[@]}"
+  # One resolver run for everything but vLLM (which comes without its dependencies). pip byte-compiles
+  # one file at a time; the byte code is compiled afterwards on every CPU instead (each vLLM start in the
+  # tests reads it).
+  step "torch $torch_version (CUDA), vLLM's imports (${#vllm_imports[@]}), humming-kernels, test tools" \
+    "${pip[@]}" --no-compile "${torch[@]}" "${vllm_imports[@]}" "${humming[@]}" "${test_tools[@]}"
+  step "vLLM $vllm_version (without its dependencies)" "${pip[@]}" --no-compile --no-deps "${vllm[@]}"
+  # Exit status ignored as pip ignores it: a few packages ship templates that are not Python 3.
+  step "byte code (compileall, every CPU)" \
+    bash -c '"$1" -m compileall -q -j 0 "$("$1" -c "import sysconfig; print(sysconfig.get_paths()[\"purelib\"])")" || true' \
+    sh "$venv/bin/python"
   rm -f "$venv"/.tmaguard-env-*
   touch "$stamp"
 else

@@ -242,7 +242,7 @@ def test_unfixable_problem_warns_or_stops_in_strict_mode(pods, run_python) -> No
     pod = pods("nogpu")
     write_gpus(pod.root, "NVIDIA H100 80GB HBM3", "550.142", 1)
     env = {"STANDIN_NVML_COUNT": "1"}
-    lenient = run_python(pod, RESOLVE_PLATFORM, env)
+    lenient = run_python(pod, GUARD_ONLY, env)  # the line: the guard as vLLM's import hook runs it
     (line,) = lenient.guard_lines()
     assert "WARNING" in line and "PROBLEM: libcuda.so.1 not found" in line
     strict = run_python(pod, RESOLVE_PLATFORM, {**env, "TMAGUARD_STRICT": "1"})
@@ -265,7 +265,9 @@ def test_sm90_without_reachable_encoder_warns(pods, run_python) -> None:
 
 
 def test_sm90_with_forwarded_encoder_has_usable_tma(pods, run_python) -> None:
-    run = run_python(pods("vcuda", gpu_name="NVIDIA H100 80GB HBM3", cc="9.0"), RESOLVE_PLATFORM)
+    """The guard's TMA verdict in its record (vLLM's selectors keeping Machete and FA3 on this pod:
+    test_routing.py's test_h100_with_forwarded_encoder_keeps_machete_and_fa3)."""
+    run = run_python(pods("vcuda", gpu_name="NVIDIA H100 80GB HBM3", cc="9.0"), GUARD_ONLY)
     record = run.last_record()
     real = record["libcuda"]["real_driver"]
     assert real.endswith("/usr/local/nvidia/lib64/libcuda.so.550.142")

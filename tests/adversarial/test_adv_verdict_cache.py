@@ -130,7 +130,7 @@ def test_a_content_change_keeping_size_and_mtime_is_a_changed_input(pods, run_py
     else:  # the real driver has every entry point: nothing is loaded
         assert record["outcome"] == "nothing-missing" and record["actions"] == []
         assert not any("/overlay-" in path or "tmaguard" in path for path in maps(later))
-    again = run_python(pod, VLLM_START)
+    again = run_python(pod, ACTIVATE)  # the guard alone: its part is to show which verdict is stored
     assert own_record(again)["replayed_from"] == own_pid(later)  # the fresh verdict is the one kept
 
 
