@@ -23,6 +23,12 @@ from podkit import (
 from releasekit import Release, shared_release
 
 UNIT_TESTS = Path(__file__).resolve().parent / "unit"
+# humming-kernels (which vLLM's Humming kernel imports) starts two background builds of its GPU launcher at
+# import, each a Python that imports torch; with no GPU they never finish a build and every vLLM process
+# starts them again (about 4 CPU-seconds per vLLM start on this 2-CPU machine). Its own switch turns the
+# prebuild off; it builds on first use instead, which no test reaches. Nothing the guard or vLLM's selectors
+# do depends on it. Set here, so every process a test starts inherits it.
+os.environ.setdefault("HUMMING_DISABLE_PARALLEL_BUILD", "1")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
