@@ -39,7 +39,8 @@ TOGGLES: tuple[ToggleSpec, ...] = (
         "TMAGUARD_GEMM",
         ("auto", "hopper", "portable", "latency"),
         "auto",
-        "auto: Hopper TMA kernels on sm_90 when a real encoder is reachable, else Marlin/cp.async paths; "
+        "auto: Hopper TMA kernels on sm_90 when a real encoder is reachable, else Marlin/cp.async paths "
+        "(and Marlin for W4A16 under a network layer when vLLM runs eager); "
         "hopper: insist on the TMA kernels (start-up stops if TMA is unusable); portable: Marlin/cp.async "
         "everywhere; latency: Marlin for W4A16/W8A16 on sm_90 (faster serving one request at a time, slower "
         "serving many)",
