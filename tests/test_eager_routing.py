@@ -6,13 +6,11 @@ vLLM's own argument parser reads them: checked against that parser."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
+
+from test_routing import GUARD_ONLY, H100, selectors  # vLLM's real selectors in a fresh process
 
 from vllm_tmaguard.launch import eager_flag
 
-SELECTORS = (Path(__file__).parent / "versions" / "probe.py").read_text()  # vLLM's real selectors
-H100 = {"gpu_name": "NVIDIA H100 80GB HBM3", "cc": "9.0"}
-GUARD_ONLY = "from vllm_tmaguard.guard import activate\nactivate('import-hook')\n"
 ROUND_TRIPS = "sends every driver call to its server and vLLM runs eager"
 
 # The command lines (after `vllm serve MODEL`), each spelling vLLM's parser takes.
@@ -81,11 +79,8 @@ def test_eager_flags_agree_with_vllms_own_parser(pods, run_python) -> None:
 
 
 def _w4a16(run_python, pod, args: list[str]) -> tuple[str, dict]:
-    run = run_python(pod, SELECTORS, args=args)
-    (line,) = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
-    result = json.loads(line.removeprefix("RESULT "))
-    assert "error" not in result, run.stderr[-3000:]
-    return result["w4a16"], run.record_of(result["pid"])
+    result, record = selectors(run_python, pod, tuple(args))
+    return result["w4a16"], record
 
 
 def test_eager_under_a_network_layer_routes_w4a16_to_marlin(pods, run_python) -> None:

@@ -26,8 +26,9 @@ NO_TMA = {
 SM90A_ONLY = {"MacheteLinearKernel", "CutlassW4A8LinearKernel"}
 
 
-def selectors(run_python, pod, **env: str) -> tuple[dict, dict]:
-    run = run_python(pod, SELECTORS, env)
+def selectors(run_python, pod, args: tuple[str, ...] = (), **env: str) -> tuple[dict, dict]:
+    """vLLM's own kernel choices in a fresh process of `pod` (`args`: its command line), and its record."""
+    run = run_python(pod, SELECTORS, env, args=args)
     result = run.result
     assert "error" not in result, run.stderr[-3000:]
     return result, run.record_of(result["pid"])
