@@ -74,6 +74,10 @@ PODS = {
     # The other layers operators run (issue 26), each as its device plugin lays it out (pod.sh); a fourth
     # element: vLLM flags the layer needs, as the guard's record names them.
     "fork": ("real:vcuda-fork", {}, "the CUDA-12 vCUDA fork (8 GiB quota), guard installed, nothing set"),
+    "fork-whole": (
+        "real:vcuda-fork+whole", {},
+        "the vCUDA fork as gpu-manager sets it up for whole GPUs (no limit), guard installed, nothing set",
+    ),
     "vgm": ("real:vgpu-manager", {}, "vgpu-manager (8 GiB limit), guard installed, nothing set"),
     "hv12": ("real:hami-8c32de6", {}, "HAMi-core at Volcano v1.12.0's pin, guard installed, nothing set"),
     "hv10": ("real:hami-93cf05d", {}, "HAMi-core at Volcano v1.10.0's pin, guard installed, nothing set"),

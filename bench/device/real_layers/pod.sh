@@ -6,14 +6,16 @@
 #   vcuda-v1.0.5  libcuda.so, libnvidia-ml.so.1, libnvidia-ml.so in a directory first on LD_LIBRARY_PATH,
 #                 the real libcuda.so.<ver> and libnvidia-ml.so.<ver> beside them, /etc/vcuda/vcuda.config
 #                 (resource_data_t, $QUOTA bytes) and pids.config, /usr/local/nvidia/bin/gpu-client (stub);
-#                 POD+noconfig: the same without vcuda.config
+#                 POD+noconfig: the same without vcuda.config; POD+whole: the config gpu-manager writes for
+#                 a pod of $POD_GPUS whole GPUs (no limit: gpu-manager limits only a pod's share of one GPU)
 #   vcuda-fork    the same layout with the CUDA-12 fork's libcuda-control.so (coldzerofear/vcuda-controller)
 #   hami          HAMi-core's /usr/local/vgpu/libvgpu.so in /etc/ld.so.preload, CUDA_DEVICE_MEMORY_LIMIT_0
 #                 ($QUOTA_HAMI), CUDA_DEVICE_SM_LIMIT, CUDA_DEVICE_MEMORY_SHARED_CACHE (one per limit: HAMi keeps
 #                 the first limit in it), the real libcuda.so.1; hami-8c32de6, hami-93cf05d: Volcano's pins
-#   vgpu-manager  /etc/vgpu-manager/driver/libvgpu-control.so in /etc/ld.so.preload, CUDA_MEM_LIMIT_0 ($QUOTA
-#                 in MiB), MANAGER_VISIBLE_DEVICES (the GPU's UUID), host compatibility mode, its config
-#                 directory (it writes vgpu.config from the variables), the real libcuda.so.1
+#   vgpu-manager  /etc/vgpu-manager/driver/libvgpu-control.so in /etc/ld.so.preload, CUDA_MEM_LIMIT_<i> ($QUOTA
+#                 in MiB) and MANAGER_VISIBLE_DEVICES (their UUIDs) for the pod's $POD_GPUS GPUs, host
+#                 compatibility mode, its config directory (it writes vgpu.config from the variables), the
+#                 real libcuda.so.1
 #   nvshare       LD_PRELOAD=/usr/lib/nvshare/libnvshare.so, its scheduler's socket /var/run/nvshare (the
 #                 scheduler started once per machine; POD+nosocket: a pod whose socket directory is empty),
 #                 libcuda.so (it dlopens the unversioned name) on LD_LIBRARY_PATH
@@ -21,7 +23,8 @@
 #                 server started once per machine on loopback, LUPINE_DISABLE_LOCAL=1 (every call remote: a
 #                 GPU over IP; lupine otherwise serves device 0 from a local driver it finds itself)
 # A vCUDA pod's pids.config is kept current by pids_daemon.py (what vCUDA's node daemon does).
-# usage: pod.sh POD [NAME=VALUE ...] -- COMMAND ...   (as root; $STATE default /tmp/rl)
+# usage: pod.sh POD [NAME=VALUE ...] -- COMMAND ...   (as root; $STATE default /tmp/rl; $POD_GPUS: how many
+#        GPUs the device plugin gives the pod, default 1, for the layers whose layout names them)
 # Off the GPU machine (real layers on stand-in libraries): REAL_CUDA, REAL_NVML and DRIVER_VERSION name
 # them, and /proc/driver/nvidia/version is made up inside the namespace.
 set -euo pipefail
@@ -32,6 +35,7 @@ extra=()
 while [ "$1" != "--" ]; do extra+=("$1"); shift; done; shift
 dir=$state/pods/$pod
 layer=${pod%%+*}
+gpus=${POD_GPUS:-1}
 real() {  # the file the loader gives for a library name outside any pod
   env -u LD_LIBRARY_PATH python3 -c "import os, sys; from vllm_tmaguard.loader import resolve_library as r
 print(os.path.realpath(r(sys.argv[1], {}).path))" "$1"
@@ -83,7 +87,8 @@ case $layer in  # daemons a node runs once, outside every pod
     ;;
 esac
 if [[ $layer == vcuda-* ]]; then  # this call's quota, also in a pod a warm machine kept from an earlier call
-  "$state/layers/vcuda_config" "$dir/etc/vcuda" "${QUOTA:-8589934592}" > /dev/null
+  whole=0; [[ $pod == *+whole ]] && whole=$gpus
+  VCUDA_WHOLE_GPUS=$whole "$state/layers/vcuda_config" "$dir/etc/vcuda" "${QUOTA:-8589934592}" > /dev/null
   if [[ $pod == *+noconfig ]]; then rm "$dir/etc/vcuda/vcuda.config"; fi
 fi
 added=()  # files the device plugin puts in place, SOURCE:TARGET
@@ -104,13 +109,14 @@ case $layer in
     vars+=(CUDA_DEVICE_SM_LIMIT=100 CUDA_DEVICE_MEMORY_SHARED_CACHE="$dir/hami-${QUOTA_HAMI:-8g}.cache") ;;
   vgpu-manager)  # it dlopens libcuda.so.<version> by that name: the container toolkit puts the driver's
     # files in a directory the loader searches (here they are elsewhere, found through ld.so.cache by SONAME)
-    uuid=$(nvidia-smi --query-gpu=uuid --format=csv,noheader -i 0)
+    uuids=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -n "$gpus" | paste -sd,)
     vars+=(LD_LIBRARY_PATH="$(dirname "$real_cuda")")
-    # the container toolkit gives the pod only its GPU's device node; on a machine of several GPUs,
+    # the container toolkit gives the pod only its GPUs' device nodes; on a machine of more GPUs,
     # CUDA_VISIBLE_DEVICES stands for that (vgpu-manager dies on a CUDA device it has no limit for)
-    vars+=(CUDA_VISIBLE_DEVICES="$uuid")
-    vars+=(CUDA_MEM_LIMIT_0="$(( ${QUOTA:-8589934592} >> 20 ))m" MANAGER_VISIBLE_DEVICES="$uuid"
-           MANAGER_COMPATIBILITY_MODE=0 ${CORE_LIMIT:+CUDA_CORE_LIMIT_0=$CORE_LIMIT}) ;;
+    vars+=(CUDA_VISIBLE_DEVICES="$uuids" MANAGER_VISIBLE_DEVICES="$uuids" MANAGER_COMPATIBILITY_MODE=0)
+    for ((index = 0; index < gpus; index++)); do
+      vars+=(CUDA_MEM_LIMIT_$index="$(( ${QUOTA:-8589934592} >> 20 ))m" ${CORE_LIMIT:+CUDA_CORE_LIMIT_$index=$CORE_LIMIT})
+    done ;;
   nvshare)
     vars+=(LD_PRELOAD=/usr/lib/nvshare/libnvshare.so LD_LIBRARY_PATH="$dir/lib") ;;
   lupine) vars+=(LD_LIBRARY_PATH="$dir/lib" LUPINE_SERVER=127.0.0.1:14833 LUPINE_DISABLE_LOCAL=1) ;;

@@ -1,5 +1,8 @@
 /* Writes tkestack vCUDA's controller configuration (/etc/vcuda/vcuda.config: its resource_data_t, from the
  * vcuda-controller source tree this is compiled against) with a memory quota, and its pids.config.
+ * VCUDA_WHOLE_GPUS=N: what gpu-manager writes for a pod of N whole GPUs instead (its virtual-manager at
+ * tkestack/gpu-manager 8cd842e: utilization = the pod's cores, enable = 0, no memory limit): vCUDA's hooks
+ * stay in place and limit nothing. A shared (limited) pod gets exactly one GPU there.
  * usage: vcuda_config CONFIG_DIR QUOTA_BYTES [PID ...]   (build: bench/device/real_layers/build.sh) */
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +24,14 @@ int main(int argc, char **argv) {
     config.utilization = 100;
     config.hard_limit = 0;
     config.enable = 1;
+    const char *whole = getenv("VCUDA_WHOLE_GPUS");
+    if (whole && atoi(whole) > 0) {
+        config.utilization = 100 * atoi(whole);
+        config.limit = 0;
+        config.hard_limit = 1;
+        config.gpu_memory = 0;
+        config.enable = 0;
+    }
     char path[4096];
     snprintf(path, sizeof path, "%s/vcuda.config", argv[1]);
     FILE *file = fopen(path, "wb");
@@ -37,7 +48,7 @@ int main(int argc, char **argv) {
     }
     if (file)
         fclose(file);
-    printf("%s: resource_data_t of %zu bytes, gpu_memory %llu\n", argv[1], sizeof config,
-           (unsigned long long)config.gpu_memory);
+    printf("%s: resource_data_t of %zu bytes, gpu_memory %llu, enable %d\n", argv[1], sizeof config,
+           (unsigned long long)config.gpu_memory, config.enable);
     return 0;
 }
