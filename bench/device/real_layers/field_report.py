@@ -21,7 +21,7 @@ STEPS = ("quota", "torch", "cublaslt", "half", "triton", "triton_tma", "machete"
 SERVED = {
     "a": "bare", "a2": "bare again", "fork": "vCUDA fork ec4dee1", "hv12": "HAMi-core 8c32de6",
     "vgm": "vgpu-manager 3d7f66d", "nvs": "nvshare 1a8f211 (graphs off)", "lup": "lupine 7fbd364 (fp32)",
-    "a32": "bare, fp32",
+    "a32": "bare, fp32", "fork-whole": "vCUDA fork ec4dee1, whole GPUs",
 }  # fmt: skip
 
 
@@ -82,7 +82,8 @@ def serve_table(files: dict[str, bytes], run: int) -> list[str]:
         same = f"{sum(o == r for o, r in zip(outputs, reference, strict=False))} of {len(outputs)}"
         bench = summary.get("bench", {})
         tok_s = " / ".join(
-            ",".join(str(round(r.get("output_throughput") or 0)) for r in bench.get(c, [])) or "-"
+            ",".join(str(round(r["output_throughput"])) for r in bench.get(c, []) if "output_throughput" in r)
+            or "-"
             for c in ("1", "8", "64")
         )
         ratios = []

@@ -6,8 +6,11 @@
 #   vcuda-v1.0.5  libcuda.so, libnvidia-ml.so.1, libnvidia-ml.so in a directory first on LD_LIBRARY_PATH,
 #                 the real libcuda.so.<ver> and libnvidia-ml.so.<ver> beside them, /etc/vcuda/vcuda.config
 #                 (resource_data_t, $QUOTA bytes) and pids.config, /usr/local/nvidia/bin/gpu-client (stub);
-#                 POD+noconfig: the same without vcuda.config; POD+whole: the config gpu-manager writes for
-#                 a pod of $POD_GPUS whole GPUs (no limit: gpu-manager limits only a pod's share of one GPU)
+#                 POD+noconfig: the same without vcuda.config; POD+whole: vcuda.config as gpu-manager
+#                 writes it for a container of $POD_GPUS whole GPUs (enable 0: no limit). Not a device
+#                 plugin's layout: gpu-manager mounts NVIDIA's own driver for whole GPUs and the vCUDA library
+#                 only for a share of one GPU; this is the layer's library left in front of whole GPUs (an
+#                 image that bakes it in), the only way to run its hooks under tensor parallel
 #   vcuda-fork    the same layout with the CUDA-12 fork's libcuda-control.so (coldzerofear/vcuda-controller)
 #   hami          HAMi-core's /usr/local/vgpu/libvgpu.so in /etc/ld.so.preload, CUDA_DEVICE_MEMORY_LIMIT_0
 #                 ($QUOTA_HAMI), CUDA_DEVICE_SM_LIMIT, CUDA_DEVICE_MEMORY_SHARED_CACHE (one per limit: HAMi keeps

@@ -1,8 +1,8 @@
 /* Writes tkestack vCUDA's controller configuration (/etc/vcuda/vcuda.config: its resource_data_t, from the
  * vcuda-controller source tree this is compiled against) with a memory quota, and its pids.config.
- * VCUDA_WHOLE_GPUS=N: what gpu-manager writes for a pod of N whole GPUs instead (its virtual-manager at
- * tkestack/gpu-manager 8cd842e: utilization = the pod's cores, enable = 0, no memory limit): vCUDA's hooks
- * stay in place and limit nothing. A shared (limited) pod gets exactly one GPU there.
+ * VCUDA_WHOLE_GPUS=N: what gpu-manager writes for a container of N whole GPUs instead (its virtual-manager
+ * at tkestack/gpu-manager 8cd842e: utilization = the container's cores, enable = 0, no memory limit): the
+ * hooks limit nothing. gpu-manager gives a limited (shared) container exactly one GPU.
  * usage: vcuda_config CONFIG_DIR QUOTA_BYTES [PID ...]   (build: bench/device/real_layers/build.sh) */
 #include <stdio.h>
 #include <stdlib.h>
