@@ -235,7 +235,7 @@ def test_env_recipe_installs_an_overlay_that_works_without_the_guard(pods, run_p
     from vllm_tmaguard.env_recipe import recipe
     from vllm_tmaguard.facts import probe
 
-    facts = probe(env, pod.env["TMAGUARD_ROOT"], "test")
+    facts = probe(env, pod.env["TMAGUARD_ROOT"], "test", eager=None)
     printed, code = recipe(facts, env, None)
     assert code == 0 and "tmaguard env --install-dir /opt/tmaguard" in printed
     assert not any("an init container sharing" in line for line in printed)  # it cannot see the layer

@@ -97,7 +97,7 @@ def env(
     from .facts import probe
 
     toggles = _toggles()
-    facts = probe(os.environ, toggles.root, "cli")
+    facts = probe(os.environ, toggles.root, "cli", eager=None)  # no vLLM command line here
     lines, code = recipe(facts, dict(os.environ), install_dir or None, toggles.root)
     _echo("\n".join(lines))
     raise typer.Exit(code)

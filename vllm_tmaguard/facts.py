@@ -1,14 +1,12 @@
 """One pass of passive probes over files: everything planning what to supply needs, gathered without side
 effects on the process (no CUDA context, no load of libcuda.so.1, no call into a sharing layer)."""
 
-import sys
 from collections.abc import Mapping
 from typing import NamedTuple
 
 from .catalogue import DRIVER_LIBRARY, ENCODERS, MARKER
 from .elf import ElfError, ElfInfo, read_elf
 from .gpu import cuda_version_of_driver, read_driver_version
-from .launch import eager_flag
 from .layers import LIBCUDA_PREFIXES, Layer, detect_layers, gather_evidence
 from .loader import LibraryResolution, find_real_driver, resolve_library
 from .process import read_loaded_objects
@@ -86,13 +84,16 @@ def probe(
     environ: Mapping[str, str],
     root: str,
     trigger: str,
+    *,
+    eager: str | None,
     vllm_dir: str | None = None,
     cache_dir: str | None = None,
 ) -> Facts:
-    """One pass of the file probes. `vllm_dir`: the vLLM package directory to read instead of the one on
-    sys.path; `cache_dir`: where the vLLM scan is cached across processes (the guard's private directory)."""
+    """One pass of the file probes. `eager`: the process's eager flag (launch_file.process_eager_flag), read
+    once by the caller so that a verdict's inputs and its routing come from one reading of a `--config`
+    file; `vllm_dir`: the vLLM package directory to read instead of the one on sys.path; `cache_dir`: where
+    the vLLM scan is cached across processes (the guard's private directory)."""
     driver = probe_driver(environ, root)
     layers = detect_layers(gather_evidence(root, environ, driver.info), driver.cuda_version)
     vllm = probe_vllm_cached(cache_dir, vllm_dir)
-    eager = eager_flag(sys.argv)
     return Facts(driver, vllm, layers, trigger, vllm.kernels_listed, dict(environ), eager)

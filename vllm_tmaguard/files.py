@@ -280,6 +280,17 @@ def read_bytes(path: str, limit: int = SYSTEM_FILE_LIMIT, *, noted: bool = True)
     return data
 
 
+def read_shared_file(path: str, limit: int) -> bytes:
+    """A file that vLLM reads after the guard (the `--config` YAML a command line names), links followed as
+    vLLM follows them: opened only where its stat says it is a regular file, since opening a FIFO alone
+    releases its writer to vLLM's loss; then read as read_bytes reads (without blocking, `limit` bytes at
+    most). Not noted: what the caller makes of it is its verdict input. Raises OSError (Refused)."""
+    info = os.stat(path)
+    if not stat_module.S_ISREG(info.st_mode):
+        raise Refused(path, f"is {kind_of(info.st_mode)}, not a regular file")
+    return read_bytes(path, limit, noted=False)
+
+
 def _open_noted(path: str) -> tuple[int, os.stat_result]:
     """A regular file opened without blocking (links followed), noted by the stat of the very file opened
     (or its error). The caller closes it. Raises OSError."""

@@ -5,19 +5,23 @@ time the guard runs (multiprocessing's spawn restores it before vLLM is imported
 
 Seen: `--enforce-eager` (and `--no-enforce-eager`, underscores too), optimization level 0 (`-O0`, `-O 0`,
 `-O=0`, `--optimization-level[=]0`), and `cudagraph_mode` NONE in the compilation config (`-cc`/
-`--compilation-config` JSON, or `-cc.cudagraph_mode=NONE`). Not seen: a `--config` YAML file and the offline
-`LLM(enforce_eager=True)`; there `TMAGUARD_GEMM=latency` says the same."""
+`--compilation-config` JSON, or `-cc.cudagraph_mode=NONE`); the same settings in a `--config` YAML file, whose
+mapping the caller reads (launch_file.py) and whose settings count before the command line's, as vLLM
+inserts them. Not seen: the offline `LLM(enforce_eager=True)`; there `TMAGUARD_GEMM=latency` says the same."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 _EAGER = "--enforce-eager"
 _NOT_EAGER = "--no-enforce-eager"
 _LEVEL = "--optimization-level"
 _COMPILATION = "--compilation-config"
 _GRAPH_MODE = "cudagraph_mode"
+CONFIG = "--config"
+_SETTINGS = (_EAGER, _LEVEL, _COMPILATION)  # what a config file can say about eager, as long options
 
 
 def _normal(arg: str) -> str:
@@ -42,37 +46,88 @@ def _graph_mode_none(value: str) -> bool | None:
     return None if mode is None else str(mode).upper() == "NONE"
 
 
-def eager_flag(argv: Sequence[str]) -> str | None:
-    """The flag that makes vLLM run eager, as written on the command line, or None where vLLM keeps its CUDA
-    graphs (or the command line does not say). As vLLM decides: `--enforce-eager` wins over the rest, an
-    explicit cudagraph_mode over the optimization level's default; within one setting the last one counts."""
-    enforce: str | None = None
-    level: tuple[str, str] | None = None  # (the level, as written)
-    graph_mode: tuple[str, str] | None = None
+def config_path(argv: Sequence[str]) -> str | None:
+    """The YAML file the command line names with `--config PATH`, as vLLM's parser finds it (that exact token,
+    once; the path as written, relative to the working directory), or None."""
     args = list(argv[1:])
+    if args.count(CONFIG) != 1 or args.index(CONFIG) == len(args) - 1:
+        return None  # none, or vLLM refuses the command line (two files, no path)
+    return args[args.index(CONFIG) + 1]
+
+
+def config_args(config: Mapping[Any, Any]) -> list[str]:
+    """A config file's eager settings as the command-line arguments vLLM makes of them (its
+    FlexibleArgumentParser.load_config_file: `key: true` is `--key`, `enforce-eager: false` is
+    `--no-enforce-eager`, a mapping its JSON), the other keys left out. Of a compilation config only its
+    cudagraph_mode is kept: no mapping is serialised whole (YAML aliases can make that exponential)."""
+    tokens: list[str] = []
+    for key, value in config.items():
+        if not isinstance(key, str) or _normal("--" + key).partition(".")[0] not in _SETTINGS:
+            continue
+        option = "--" + key
+        if isinstance(value, bool):
+            if value:
+                tokens.append(option)
+            elif option == _EAGER:  # vLLM adds --no-KEY only where that option exists, as KEY is spelt
+                tokens.append(_NOT_EAGER)
+        elif isinstance(value, Mapping):
+            mode = value.get(_GRAPH_MODE)
+            tokens += [option, json.dumps({} if mode is None else {_GRAPH_MODE: _scalar(mode)})]
+        elif isinstance(value, list):
+            tokens += [option, *(_scalar(item) for item in value)] if value else []
+        else:
+            tokens += [option, _scalar(value)]
+    return tokens
+
+
+def _scalar(value: Any) -> str:
+    """A YAML scalar as vLLM writes it into an argument (str()); anything else as a value no setting takes,
+    never stringified (a structure of YAML aliases is exponential to print)."""
+    return str(value) if isinstance(value, (str, int, float)) else "<not a scalar>"
+
+
+def eager_flag(argv: Sequence[str], config: Mapping[Any, Any] | None = None) -> str | None:
+    """The flag that makes vLLM run eager, as written on the command line (or in the `--config` file, whose
+    mapping is `config`), or None where vLLM keeps its CUDA graphs (or neither says). As vLLM decides:
+    `--enforce-eager` wins over the rest, an explicit cudagraph_mode over the optimization level's default;
+    within one setting the last one counts, and the command line's come after the file's."""
+    enforce: tuple[str, int] | None = None  # (as written, where)
+    level: tuple[str, str, int] | None = None  # (the level, as written, where)
+    graph_mode: tuple[str, str, int] | None = None
+    args = list(argv[1:])
+    path = config_path(argv)
+    from_file = 0
+    if path is not None:
+        at = args.index(CONFIG)
+        file_args = config_args(config) if config is not None else []
+        args, from_file = file_args + args[:at] + args[at + 2 :], len(file_args)
     for index, raw in enumerate(args):
         arg = _normal(raw)
         following = args[index + 1] if index + 1 < len(args) else ""
         if arg in (_EAGER, _NOT_EAGER):
-            enforce = raw if arg == _EAGER else None
+            enforce = (raw, index) if arg == _EAGER else None
         elif arg.startswith("-O") and not arg.startswith("--"):
             value = following if arg == "-O" else arg[2:].removeprefix("=")
             if value in {"0", "1", "2", "3"}:
-                level = (value, f"{raw} {value}" if arg == "-O" else raw)
+                level = (value, f"{raw} {value}" if arg == "-O" else raw, index)
         elif arg == _LEVEL or arg.startswith(_LEVEL + "="):
             value = following if arg == _LEVEL else arg.partition("=")[2]
-            level = (value, f"{raw} {value}" if arg == _LEVEL else raw)
+            level = (value, f"{raw} {value}" if arg == _LEVEL else raw, index)
         elif arg == _COMPILATION or arg.startswith(_COMPILATION + "="):
-            config = following if arg == _COMPILATION else arg.partition("=")[2]
-            none = _graph_mode_none(config)
+            compilation = following if arg == _COMPILATION else arg.partition("=")[2]
+            none = _graph_mode_none(compilation)
             if none is not None:
-                written = f"{raw} '{config}'" if arg == _COMPILATION else raw
-                graph_mode = ("NONE" if none else "graphs", written)
+                written = f"{raw} '{compilation}'" if arg == _COMPILATION else raw
+                graph_mode = ("NONE" if none else "graphs", written, index)
         elif arg.startswith(f"{_COMPILATION}.{_GRAPH_MODE}"):
             value = arg.partition("=")[2] if "=" in arg else following
-            graph_mode = (value.upper(), raw if "=" in arg else f"{raw} {value}")
+            graph_mode = (value.upper(), raw if "=" in arg else f"{raw} {value}", index)
+
+    def written(text: str, index: int) -> str:
+        return f"{text} (in {CONFIG} {path})" if index < from_file else text
+
     if enforce:
-        return enforce
+        return written(*enforce)
     if graph_mode is not None:
-        return graph_mode[1] if graph_mode[0] == "NONE" else None
-    return level[1] if level is not None and level[0] == "0" else None
+        return written(*graph_mode[1:]) if graph_mode[0] == "NONE" else None
+    return written(*level[1:]) if level is not None and level[0] == "0" else None

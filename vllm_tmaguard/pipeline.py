@@ -73,7 +73,7 @@ def run(trigger: str) -> Issued | None:
         if toggles.mode == "off":
             log("debug", "tmaguard: TMAGUARD_MODE=off, doing nothing")
             return None
-        record, records, facts = _decide(trigger, environ, toggles, toggle_problems, clock)
+        record, records, facts = _decide(trigger, environ, toggles, toggle_problems, clock, process["eager"])
     issued = issue(record.to_json(), records.path, toggles.log_format)
     stop = stop_for(issued.document["problems"], toggles.strict, toggles.gemm)
     if stop:
@@ -91,13 +91,14 @@ def _decide(
     toggles: Toggles,
     toggle_problems: tuple[Problem, ...],
     clock: _Clock,
+    eager: str | None,
 ) -> tuple[Record, RecordDir, Facts]:
     """The stages, up to the typed record of what was found, decided and done (and the file facts, for what
     the verdict was decided from)."""
     apply = toggles.mode == "auto"
     records = open_record_dir(toggles.record_dir)
     clock.lap("toggles")
-    facts = probe(environ, toggles.root, trigger, cache_dir=records.path)
+    facts = probe(environ, toggles.root, trigger, eager=eager, cache_dir=records.path)
     clock.lap("facts")
     plan = plan_supply(facts, toggles)
     refused = probe_root_problem(toggles.root, facts.driver.resolution.how, facts.driver.path)

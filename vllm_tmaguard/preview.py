@@ -29,7 +29,7 @@ class Preview(NamedTuple):
 def preview_all(
     environ: Mapping[str, str], toggles: Toggles, trigger: str, vllm_dir: str | None = None
 ) -> Preview:
-    facts = probe(environ, toggles.root, trigger, vllm_dir=vllm_dir)
+    facts = probe(environ, toggles.root, trigger, eager=None, vllm_dir=vllm_dir)  # not vLLM's argv
     gpus = probe_gpus(toggles.root)
     supply = plan_supply(facts, toggles)
     route = plan_routing_after(facts, gpus, supply, toggles.gemm)

@@ -28,7 +28,7 @@ from typing import Any
 from . import __version__
 from .files import default_record_dir, observe, private_problem, read_private_json, write_private
 from .issue import Issued, issue
-from .launch import eager_flag
+from .launch_file import process_eager_flag
 from .line import level_of, render
 from .process import (
     LIBRARY_PATH,
@@ -70,7 +70,7 @@ def observe_process(library: str, env_names: Iterable[str], env_prefixes: Iterab
         "euid": os.geteuid(),
         "python": [sys.executable, sys.version],
         "vllm": find_package_dir("vllm"),
-        "eager": eager_flag(sys.argv),  # routing reads it (launch.py)
+        "eager": process_eager_flag(sys.argv),  # routing reads it (launch.py; its --config file too)
     }
 
 

@@ -184,3 +184,18 @@ def test_any_command_line_gives_an_eager_flag_or_none(argv) -> None:
     among them, a compilation config nested past JSON's depth, give a flag as written or None."""
     found = eager_flag(["vllm", *argv])
     assert found is None or (isinstance(found, str) and found.split()[0] in argv)
+
+
+CONFIG_KEYS = st.sampled_from(
+    ["enforce_eager", "enforce-eager", "optimization-level", "optimization_level", "compilation-config",
+     "compilation_config", "compilation-config.cudagraph_mode", "seed"]
+) | st.text(max_size=12) | st.integers()  # fmt: skip
+
+
+@FUZZ
+@given(config=st.dictionaries(CONFIG_KEYS, JSON, max_size=6), argv=st.lists(FLAG_WORDS, max_size=4))
+def test_any_config_file_mapping_gives_an_eager_flag_or_none(config, argv) -> None:
+    """A `--config` file's mapping (launch.config_args; any YAML vLLM's loader can give, keys of any type
+    among them) with any command line after it gives a flag or None, the file's marked as from the file."""
+    found = eager_flag(["vllm", "serve", "M", "--config", "c.yaml", *argv], config)
+    assert found is None or found.endswith(" (in --config c.yaml)") or found.split()[0] in argv

@@ -105,8 +105,8 @@ _CAVEATS = {
         "the encodes happen once at capture.",
         "Keep CUDA graphs on (vLLM's default). Where vLLM runs eager, W4A16/W8A16 belong on Marlin (two "
         "round trips a call against Machete's six): the guard routes them so itself when the command line "
-        "says eager (--enforce-eager, -O0, cudagraph_mode NONE); set TMAGUARD_GEMM=latency where it cannot "
-        "see that (a --config file, the offline LLM(enforce_eager=True)).",
+        "or its --config file says eager (--enforce-eager, -O0, cudagraph_mode NONE); set "
+        "TMAGUARD_GEMM=latency where it cannot see that (the offline LLM(enforce_eager=True)).",
     ),
     m.HALF_CUBLAS_FAILS: (
         "lupine 7fbd364: fp16/bf16 cuBLAS GEMMs fail on sm_90",
