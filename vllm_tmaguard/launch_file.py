@@ -28,11 +28,11 @@ def read_config(path: str) -> Mapping[Any, Any] | None:
         data = read_shared_file(path, MAX_BYTES)
     except OSError:
         return None
-    import yaml  # vLLM's own dependency, and vLLM imports it right after; only paid where --config is given
-
     try:
+        import yaml  # vLLM's own dependency, imported by vLLM right after; paid only where --config is given
+
         config = yaml.safe_load(data)
-    except Exception:  # any YAML vLLM cannot load (RecursionError included) is no file here
+    except Exception:  # no PyYAML (then no vLLM either), or YAML vLLM cannot load (RecursionError too)
         return None
     return config if isinstance(config, Mapping) else None
 
