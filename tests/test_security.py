@@ -280,6 +280,8 @@ TOGGLE_AUDIT = {
     "TMAGUARD_ROOT": "probes only: a libcuda.so.1 found under it is never loaded (guard.py, trust.py)",
     "TMAGUARD_RECORD_DIR": "where the overlay's file is written and loaded from: used only when it is this "
     "user's alone (0700, no one else can change its path), else the overlay stays in memory",
+    "TMAGUARD_WHEEL_SHA256": "narrows which wheel the init container places from; never widens it (a wheel "
+    "its RECORD does not vouch for stays refused)",
 }
 
 

@@ -116,14 +116,17 @@ def inject(
     """Copy this package into DIR with a sitecustomize.py that arms the guard at interpreter start: the
     stock vLLM image then runs the guard with DIR on PYTHONPATH, as a pip install would (an init container's
     command; docs/operator.md). With --wheel, the files come from the wheel's bytes (its RECORD checked), as
-    the zero-image init container does from the wheel ConfigMap."""
+    the zero-image init container does from the wheel ConfigMap; where TMAGUARD_WHEEL_SHA256 is set, only a
+    wheel whose sha256 it lists is placed."""
     from .inject import InjectError, inject_wheel
     from .inject import inject as place
-    from .wheel import WheelError
+    from .toggles import ToggleError, parse_toggles
+    from .wheel import PIN_VARIABLE, WheelError
 
-    try:
-        placed, source = inject_wheel(wheel, target) if wheel else (place(target), "")
-    except (InjectError, WheelError, OSError) as error:
+    try:  # a bad pin refuses: falling back to none would place a wheel the operator meant to refuse
+        pins = parse_toggles({PIN_VARIABLE: os.environ.get(PIN_VARIABLE, "")}).wheel_pins
+        placed, source = inject_wheel(wheel, target, pins) if wheel else (place(target), "")
+    except (InjectError, WheelError, ToggleError, OSError) as error:
         why = str(error).removeprefix("refused: ")  # trust.UntrustedPath's own words say it
         _echo(f"tmaguard inject: {target}: refused: {why}", err=True)
         raise typer.Exit(EXIT_FINDINGS) from error
@@ -203,13 +206,17 @@ def wheel_configmap(
     """Print the `tmaguard-wheel` ConfigMap (binaryData, each wheel under its file name) that the pods of
     `tmaguard manifests` mount: `tmaguard wheel-configmap dist/*.whl | kubectl apply --server-side -f -`.
     With --into DIR, write the one wheel as DIR/vllm-tmaguard.whl instead, for the configMapGenerator of
-    deploy/k8s/overlays/vcuda-stock-image. Every wheel's RECORD is checked first."""
+    deploy/k8s/overlays/vcuda-stock-image. Every wheel's RECORD is checked first; the digests to pin on the
+    init container (TMAGUARD_WHEEL_SHA256) are printed on stderr."""
     from . import files
     from .manifests.configmap import wheel_configmap as make
     from .manifests.stream import dump
     from .manifests.zero_image import OVERLAY_WHEEL, WHEEL_CONFIGMAP
+    from .wheel import PIN_VARIABLE, sha256
 
     found = [_checked_wheel(path) for path in wheels]
+    pin = f"tmaguard wheel-configmap: pin on the init container: {PIN_VARIABLE}="
+    pin += ",".join(sorted({sha256(w.data) for w in found}))
     if into:
         if len(found) != 1:
             _echo("tmaguard wheel-configmap: --into takes one wheel (the one for your nodes)", err=True)
@@ -220,6 +227,7 @@ def wheel_configmap(
             _echo(f"tmaguard wheel-configmap: {into}: refused: {error}", err=True)
             raise typer.Exit(EXIT_FINDINGS) from error
         _echo(f"wrote {written} ({found[0].machine or 'any machine'}, vllm-tmaguard {found[0].version})")
+        _echo(pin, err=True)
         return
     try:
         document = make(WHEEL_CONFIGMAP, {os.path.basename(w.path): w.data for w in found}, namespace, False)
@@ -227,6 +235,7 @@ def wheel_configmap(
         _echo(f"tmaguard wheel-configmap: refused: {error}", err=True)
         raise typer.Exit(EXIT_FINDINGS) from error
     typer.echo(dump(document), nl=False)
+    _echo(pin, err=True)
 
 
 @app.command(

@@ -101,11 +101,12 @@ def inject(target: str) -> Placed:
     return place(installed_entries(os.path.dirname(os.path.realpath(__file__))), target)
 
 
-def inject_wheel(source: str, target: str) -> tuple[Placed, str]:
+def inject_wheel(source: str, target: str, pins: tuple[str, ...] = ()) -> tuple[Placed, str]:
     """Places the package from the wheel in `source` (a wheel, or a directory of wheels: the one for this
-    machine) in `target`; returns what was placed and the wheel's path. Raises OSError or
-    wheel.WheelError."""
+    machine) in `target`, from the very bytes checked against `pins` (wheel.PIN_VARIABLE's digests, where
+    given); returns what was placed and the wheel's path. Raises OSError or wheel.WheelError."""
     from . import wheel
 
     found = wheel.for_this_machine(source)
+    wheel.check_pinned(found, pins)
     return place(found.entries, target), found.path

@@ -81,6 +81,16 @@ TOGGLES: tuple[ToggleSpec, ...] = (
         "this user's and private (0700), else refused: the overlay then stays in memory",
         kind="directory (created 0700)",
     ),
+    ToggleSpec(
+        "TMAGUARD_WHEEL_SHA256",
+        (),
+        "unset",
+        "on the zero-image init container (`tmaguard inject --wheel`), not the vLLM container: place the "
+        "package only from a wheel whose sha256 is listed, so that an edited wheel ConfigMap is refused; "
+        "`tmaguard manifests --wheel` sets it, `tmaguard wheel-configmap` prints it; unset: any wheel its "
+        "RECORD vouches for",
+        kind="sha256 digests, comma-separated",
+    ),
 )
 
 _SPECS = {spec.name: spec for spec in TOGGLES}
@@ -103,6 +113,7 @@ class Toggles(NamedTuple):
     trace: bool = False
     root: str = "/"
     record_dir: str = ""
+    wheel_pins: tuple[str, ...] = ()
 
 
 def _choice(environ: Mapping[str, str], name: str) -> str:
@@ -125,6 +136,17 @@ def _directory(environ: Mapping[str, str], name: str, default: str, must_exist: 
     if must_exist and not is_directory(raw):
         raise ToggleError(name, raw, "an existing directory")
     return raw
+
+
+_HEX = frozenset("0123456789abcdef")
+
+
+def _digests(environ: Mapping[str, str], name: str) -> tuple[str, ...]:
+    raw = environ.get(name, "")
+    digests = tuple(raw.replace(",", " ").lower().split())
+    if any(len(digest) != 64 or not set(digest) <= _HEX for digest in digests):
+        raise ToggleError(name, raw, "sha256 digests (64 hex digits each), comma-separated")
+    return digests
 
 
 # Values people write, and the setting they meant.
@@ -154,6 +176,7 @@ _FIELD_OF = {
     "TMAGUARD_TRACE": "trace",
     "TMAGUARD_ROOT": "root",
     "TMAGUARD_RECORD_DIR": "record_dir",
+    "TMAGUARD_WHEEL_SHA256": "wheel_pins",
 }
 
 
@@ -168,6 +191,7 @@ def parse_toggles(environ: Mapping[str, str]) -> Toggles:
         trace=_choice(environ, "TMAGUARD_TRACE") == "1",
         root=_directory(environ, "TMAGUARD_ROOT", "/", must_exist=True),
         record_dir=_directory(environ, "TMAGUARD_RECORD_DIR", default_record_dir(), must_exist=False),
+        wheel_pins=_digests(environ, "TMAGUARD_WHEEL_SHA256"),
     )
 
 

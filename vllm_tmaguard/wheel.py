@@ -5,7 +5,11 @@ A wheel is a zip whose RECORD lists every member with its sha256; a member the R
 or one whose bytes differ, refuses the whole wheel. The files are the ones pip would install in
 site-packages (`*.data/purelib` and `*.data/platlib` at the top; scripts, headers and data left out), less
 what `tmaguard inject` leaves out of an installed copy (the .pth, the console script). The WHEEL file's tag
-says which machine its built libraries are for."""
+says which machine its built libraries are for.
+
+RECORD catches a damaged wheel, not a forged one (whose RECORD is forged with it). What catches that is a
+pin kept where the wheel's ConfigMap cannot change it: TMAGUARD_WHEEL_SHA256, the sha256 of each wheel
+allowed, on the init container (`tmaguard manifests --wheel` writes it): a wheel not pinned is refused."""
 
 from __future__ import annotations
 
@@ -26,8 +30,26 @@ MACHINES = ("x86_64", "aarch64", "ppc64le", "s390x")
 _INSTALLED_DATA = ("purelib", "platlib")
 
 
+PIN_VARIABLE = "TMAGUARD_WHEEL_SHA256"  # toggles.py parses it
+
+
 class WheelError(ValueError):
     """A file that is not a wheel of this package, or one whose RECORD does not vouch for its bytes."""
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def check_pinned(wheel: Wheel, pins: tuple[str, ...]) -> None:
+    """Raises WheelError where `pins` are given and the wheel's sha256 is not one of them."""
+    digest = sha256(wheel.data)
+    if pins and digest not in pins:
+        raise WheelError(
+            f"{wheel.path}: its sha256 {digest} is not one that {PIN_VARIABLE} pins ({', '.join(pins)}): "
+            "the wheel ConfigMap was changed after the pin was written; apply the wheels the pin was made "
+            "from, or pin these (`tmaguard wheel-configmap WHEEL` prints their digests)"
+        )
 
 
 class Wheel(NamedTuple):

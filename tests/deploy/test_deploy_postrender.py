@@ -9,6 +9,7 @@ deploy/helm/production-stack-values.yaml gives the production stack's chart the 
 from __future__ import annotations
 
 import copy
+import hashlib
 import re
 import subprocess
 import sys
@@ -86,10 +87,10 @@ def _pod_problems(spec: dict) -> list:
 
 
 def _check_guarded(
-    pod_spec: dict, container_names: list[str], wheel_configmap: str = "tmaguard-wheel"
+    pod_spec: dict, container_names: list[str], wheel_configmap: str = "tmaguard-wheel", pins: tuple = ()
 ) -> None:
     vllm = [c for c in pod_spec["containers"] if c["name"] in container_names]
-    assert pod_spec["initContainers"][0] == zero_image.init_container(vllm[0])
+    assert pod_spec["initContainers"][0] == zero_image.init_container(vllm[0], pins)
     assert zero_image.volumes(wheel_configmap) == [
         v for v in pod_spec["volumes"] if v["name"] in (zero_image.PACKAGE_VOLUME, zero_image.WHEEL_VOLUME)
     ]
@@ -226,7 +227,8 @@ def test_kserve_inference_service_and_a_kubectl_list() -> None:
 
 def test_with_the_wheel_the_stream_carries_its_configmap(release) -> None:
     """--wheel: the ConfigMap in the stream (the release owns it), in the pods' namespace, named by content
-    as kustomize would name it; a second run adds nothing."""
+    as kustomize would name it, and the init container pinned to the wheel's sha256; a second run adds
+    nothing, and a run with another wheel moves the pin to it."""
     before = (SHAPES / "kserve.yaml").read_text()
     wheel = release.wheels["x86_64"]
     after = guarded(before, "--wheel", str(wheel))
@@ -235,8 +237,18 @@ def test_with_the_wheel_the_stream_carries_its_configmap(release) -> None:
     assert added["metadata"]["name"].startswith("tmaguard-wheel-") and list(added["binaryData"]) == [
         wheel.name
     ]
-    _check_guarded(service["spec"]["predictor"], ["kserve-container"], added["metadata"]["name"])
+    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    _check_guarded(service["spec"]["predictor"], ["kserve-container"], added["metadata"]["name"], (digest,))
+    (init,) = service["spec"]["predictor"]["initContainers"]
+    assert init["env"] == [{"name": "TMAGUARD_WHEEL_SHA256", "value": digest}]
     assert render.schema_problems(added) == []
+    other = release.wheels["aarch64"]
+    moved = stream.split(guarded(after, "--wheel", str(other)))
+    (init,) = next(d.value for d in moved if d.value["kind"] == "InferenceService")["spec"]["predictor"][
+        "initContainers"
+    ]
+    moved_to = hashlib.sha256(other.read_bytes()).hexdigest()
+    assert init["env"] == [{"name": "TMAGUARD_WHEEL_SHA256", "value": moved_to}]
 
 
 def test_production_stack_values_give_the_same_install(stock_python, release, tmp_path) -> None:

@@ -7,6 +7,7 @@ with the overlay loaded, deciding and recording as that pip install does (tests/
 from __future__ import annotations
 
 import base64
+import hashlib
 import os
 import stat
 import subprocess
@@ -77,6 +78,7 @@ def run_init_container(
         'mount --bind "$1" "$3"; mount -o remount,bind,ro "$3"; mount --bind "$2" "$4"; shift 4; exec "$@"'
     )
     env = {"PATH": f"{python_bin}:/usr/bin:/bin", "HOME": "/root", "LANG": "C.UTF-8"}
+    env |= {e["name"]: e["value"] for e in init.get("env", [])}  # as the kubelet sets the container's own
     command = [*init["command"], *init["args"]]
     return subprocess.run(
         [
@@ -218,6 +220,8 @@ def test_wheel_configmap_prints_the_configmap_the_post_renderer_mounts(release, 
     wheels = [str(release.wheels[arch]) for arch in ("x86_64", "aarch64")]
     done = subprocess.run([TMAGUARD, "wheel-configmap", *wheels], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+    pin = ",".join(sorted(hashlib.sha256(Path(w).read_bytes()).hexdigest() for w in wheels))
+    assert done.stderr.strip().endswith(f"TMAGUARD_WHEEL_SHA256={pin}")  # for the init container's env
     (document,) = list(yaml.safe_load_all(done.stdout))
     assert document["metadata"]["name"] == zero_image.WHEEL_CONFIGMAP
     assert render.schema_problems(document) == []
@@ -253,3 +257,82 @@ def test_a_wheel_its_record_does_not_vouch_for_is_refused(release, tmp_path) -> 
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert two.returncode == 2 and "--into takes one wheel" in two.stderr
+
+
+def _forged(genuine: Path, out: Path, marker: Path) -> Path:
+    """`genuine` with code added to its __main__ (it leaves `marker` behind) and its RECORD rewritten to vouch
+    for it: what someone who can edit the wheel ConfigMap can make, and RECORD cannot catch."""
+    with zipfile.ZipFile(genuine) as source:
+        infos = source.infolist()
+        contents = {info.filename: source.read(info) for info in infos}
+    main = "vllm_tmaguard/__main__.py"
+    contents[main] += f"\nopen({str(marker)!r}, 'w').write('forged code ran')\n".encode()  # runs at import
+    record = next(name for name in contents if name.endswith(".dist-info/RECORD"))
+    rows = [
+        f"{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},{len(data)}"
+        for name, data in contents.items()
+        if name != record
+    ]
+    contents[record] = ("\n".join([*rows, f"{record},,"]) + "\n").encode()
+    with zipfile.ZipFile(out, "w") as forged:
+        for info in infos:
+            forged.writestr(info, contents[info.filename])
+    return out
+
+
+def test_a_pinned_init_container_refuses_a_forged_wheel(rendered, release, stock_python, tmp_path) -> None:
+    """`tmaguard manifests --wheel` pins the init container to the wheels' sha256: a wheel ConfigMap edited
+    afterwards (a forged wheel whose RECORD vouches for it) runs none of its code and places nothing, whether
+    it is the wheel the bootstrap imports or the one `inject` places; the pinned wheels are placed."""
+    from vllm_tmaguard import wheel
+
+    genuine, other = release.wheels["x86_64"], release.wheels["aarch64"]
+    objects = [
+        o for o in rendered[OVERLAY] if o["kind"] != "ConfigMap" or "wheel" not in o["metadata"]["name"]
+    ]
+    text = "".join("---\n" + yaml.safe_dump(o) for o in objects)
+    done = subprocess.run(
+        [TMAGUARD, "manifests", "--container", "vllm", "--wheel", str(genuine), "--wheel", str(other)],
+        input=text, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    deployment = find(list(yaml.safe_load_all(done.stdout)), "Deployment", "vllm")
+    (init,) = deployment["spec"]["template"]["spec"]["initContainers"]
+    digests = sorted(hashlib.sha256(w.read_bytes()).hexdigest() for w in (genuine, other))
+    assert init["env"] == [{"name": wheel.PIN_VARIABLE, "value": ",".join(digests)}]
+
+    marker = tmp_path / "forged-code-ran"
+    forged = _forged(genuine, tmp_path / "forged.whl", marker)
+    assert wheel.read(str(forged)).data == forged.read_bytes()  # its RECORD holds: only the pin catches it
+    python_bin = Path(stock_python).parent
+    cases = {  # the ConfigMap's files: the bootstrap imports the first by name, inject places the x86_64 one
+        "imported": {"a.whl": forged, "b.whl": other},
+        "placed": {"a.whl": other, "b.whl": forged},
+        "genuine": {"a.whl": other, "b.whl": genuine},
+    }
+    for case, layout in cases.items():
+        volume, package = tmp_path / case / "configmap", tmp_path / case / "emptydir"
+        volume.mkdir(parents=True)
+        package.mkdir(mode=0o777)
+        for name, source in layout.items():
+            (volume / name).write_bytes(source.read_bytes())
+        ran = run_init_container(init, volume, package, python_bin)
+        if case == "genuine":
+            assert ran.returncode == 0, ran.stderr
+            assert (package / "vllm_tmaguard/lib/libtmaguard_overlay.so").is_file()
+            continue
+        assert ran.returncode == 1, (case, ran.stderr)
+        forged_digest = hashlib.sha256(forged.read_bytes()).hexdigest()
+        assert f"its sha256 {forged_digest} is not one that {wheel.PIN_VARIABLE} pins" in ran.stderr, case
+        assert list(package.iterdir()) == [] and not marker.exists(), case
+
+
+def test_a_pin_that_is_no_digest_is_refused_by_name(release, tmp_path) -> None:
+    env = {**os.environ, "TMAGUARD_WHEEL_SHA256": "sha256:abc"}
+    done = subprocess.run(
+        [TMAGUARD, "inject", "--wheel", str(release.wheels["x86_64"]), str(tmp_path / "placed")],
+        capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert "TMAGUARD_WHEEL_SHA256='sha256:abc' is not valid; allowed: sha256 digests" in done.stderr
+    assert not (tmp_path / "placed").exists()

@@ -49,6 +49,8 @@ BAD_VALUES = [
     ("TMAGUARD_ROOT", "relative/dir"),
     ("TMAGUARD_ROOT", "/does/not/exist"),
     ("TMAGUARD_RECORD_DIR", "records"),
+    ("TMAGUARD_WHEEL_SHA256", "sha256:" + "0" * 64),
+    ("TMAGUARD_WHEEL_SHA256", "abc"),
 ]
 
 

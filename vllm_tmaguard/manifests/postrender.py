@@ -5,6 +5,7 @@ container runs vLLM, where an unknown kind keeps its pods) refuses the whole str
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,7 +35,9 @@ def _suspicious(obj: dict[str, Any], named: Sequence[str]) -> list[str]:
     return names
 
 
-def _guard_object(obj: dict[str, Any], named: Sequence[str], wheel_configmap: str, result: Result) -> bool:
+def _guard_object(
+    obj: dict[str, Any], named: Sequence[str], wheel_configmap: str, pins: tuple[str, ...], result: Result
+) -> bool:
     specs = workloads.pod_specs(obj)
     if specs is None:
         if suspicious := _suspicious(obj, named):
@@ -58,7 +61,7 @@ def _guard_object(obj: dict[str, Any], named: Sequence[str], wheel_configmap: st
         except ValueError as error:
             result.refused.append(f"{pod.where}: {error}")
             continue
-        changed |= zero_image.ensure_pod(pod.spec, vllm[0], wheel_configmap)
+        changed |= zero_image.ensure_pod(pod.spec, vllm[0], wheel_configmap, pins)
         result.guarded.append(f"{pod.where}: {', '.join(verdict.runs_vllm)}")
     return changed
 
@@ -74,10 +77,12 @@ def _objects(value: Any) -> list[dict[str, Any]]:
 
 def postrender(text: str, named: Sequence[str] = (), wheels: Mapping[str, bytes] | None = None) -> Result:
     """The stream with the guard added; `wheels` ({file name: bytes}): a ConfigMap of them added to the
-    stream (one per namespace of the guarded pods) and mounted, else the pods mount the `tmaguard-wheel`
-    ConfigMap made by `tmaguard wheel-configmap`. Raises stream.StreamError, ValueError (wheels too large)."""
+    stream (one per namespace of the guarded pods), mounted, and the init container pinned to their sha256;
+    else the pods mount the `tmaguard-wheel` ConfigMap made by `tmaguard wheel-configmap`. Raises
+    stream.StreamError, ValueError (wheels too large)."""
     result = Result()
     documents = stream.split(text)
+    pins = tuple(hashlib.sha256(data).hexdigest() for data in (wheels or {}).values())
     wheel_cm = configmap.wheel_configmap(zero_image.WHEEL_CONFIGMAP, wheels) if wheels else None
     wheel_name = wheel_cm["metadata"]["name"] if wheel_cm else zero_image.WHEEL_CONFIGMAP
     namespaces: dict[str | None, None] = {}
@@ -90,7 +95,7 @@ def postrender(text: str, named: Sequence[str] = (), wheels: Mapping[str, bytes]
             if obj.get("kind") == "ConfigMap":
                 existing.add((namespace, (obj.get("metadata") or {}).get("name")))
             before = len(result.guarded)
-            changed |= _guard_object(obj, named, wheel_name, result)
+            changed |= _guard_object(obj, named, wheel_name, pins, result)
             if len(result.guarded) > before:
                 namespaces[namespace] = None
         out.append(stream.rewrite(document, document.value) if changed else document.text)

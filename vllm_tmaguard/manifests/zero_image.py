@@ -21,25 +21,46 @@ WHEEL_CONFIGMAP = "tmaguard-wheel"
 # The file the kustomize overlay's configMapGenerator reads (`tmaguard wheel-configmap WHEEL --into DIR`).
 OVERLAY_WHEEL = "vllm-tmaguard.whl"
 TOGGLES_CONFIGMAP = "tmaguard-toggles"
-# Runs in the image's own Python (-I: no PYTHONPATH or user site of the image's): the package imported from
-# the first wheel in the ConfigMap volume (its Python is the same for every machine), then `tmaguard inject
-# --wheel DIR TARGET`, which picks the wheel for this machine and checks it against its RECORD.
-BOOTSTRAP = (
-    "import glob, sys; sys.path[:0] = sorted(glob.glob(sys.argv[3] + '/*.whl'))[:1]; "
-    "from vllm_tmaguard.__main__ import main; main()"
-)
+PIN_VARIABLE = "TMAGUARD_WHEEL_SHA256"  # wheel.PIN_VARIABLE (this module must not import the package's code)
+# Runs in the image's own Python (-I: no PYTHONPATH or user site of the image's), standard library only: the
+# package imported from the first wheel in the ConfigMap volume (its Python is the same for every machine),
+# from the very bytes checked against the pin where one is set (a copy in memory: a ConfigMap edited between
+# the check and the import changes nothing), then `tmaguard inject --wheel DIR TARGET`, which picks the wheel
+# for this machine, checks it against its RECORD and the pin, and places it from the bytes it checked.
+BOOTSTRAP = f"""\
+import glob, hashlib, os, sys
+wheels = sorted(glob.glob(sys.argv[3] + '/*.whl'))
+if not wheels:
+    sys.exit(f'tmaguard inject: {{sys.argv[3]}}: refused: no wheel in the wheel ConfigMap')
+with open(wheels[0], 'rb') as file:
+    data = file.read()
+pins = os.environ.get('{PIN_VARIABLE}', '').replace(',', ' ').lower().split()
+digest = hashlib.sha256(data).hexdigest()
+if pins and digest not in pins:
+    sys.exit(f'tmaguard inject: {{wheels[0]}}: refused: its sha256 {{digest}} '
+             'is not one that {PIN_VARIABLE} pins')
+memory = os.memfd_create('vllm-tmaguard.whl')
+with open(memory, 'wb', closefd=False) as copy:
+    copy.write(data)
+sys.path[:0] = [f'/proc/self/fd/{{memory}}']
+from vllm_tmaguard.__main__ import main
+main()
+"""
 COMMAND = ["python3", "-I", "-c", BOOTSTRAP]
 ARGS = ["inject", "--wheel", WHEEL_DIR, PACKAGE_DIR]
 RESOURCES = {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}}
 
 
-def init_container(vllm: dict[str, Any]) -> dict[str, Any]:
+def init_container(vllm: dict[str, Any], pins: tuple[str, ...] = ()) -> dict[str, Any]:
     """The init container for a pod whose vLLM container is `vllm`: its image, pull policy and security
-    context (so that the files are its user's), no GPU."""
+    context (so that the files are its user's), no GPU; with `pins` (the wheels' sha256), the pin that makes
+    it refuse any other wheel."""
     container: dict[str, Any] = {"name": INIT_CONTAINER, "image": vllm.get("image")}
     if "imagePullPolicy" in vllm:
         container["imagePullPolicy"] = vllm["imagePullPolicy"]
     container |= {"command": list(COMMAND), "args": list(ARGS), "resources": copy.deepcopy(RESOURCES)}
+    if pins:
+        container["env"] = [pin_variable(pins)]
     if "securityContext" in vllm:
         container["securityContext"] = copy.deepcopy(vllm["securityContext"])
     container["volumeMounts"] = [
@@ -49,6 +70,10 @@ def init_container(vllm: dict[str, Any]) -> dict[str, Any]:
     return container
 
 
+def pin_variable(pins: tuple[str, ...]) -> dict[str, str]:
+    return {"name": PIN_VARIABLE, "value": ",".join(sorted(set(pins)))}
+
+
 def volumes(wheel_configmap: str = WHEEL_CONFIGMAP) -> list[dict[str, Any]]:
     return [
         {"name": PACKAGE_VOLUME, "emptyDir": {}},
@@ -56,14 +81,22 @@ def volumes(wheel_configmap: str = WHEEL_CONFIGMAP) -> list[dict[str, Any]]:
     ]
 
 
-def ensure_pod(pod_spec: dict[str, Any], vllm: dict[str, Any], wheel_configmap: str) -> bool:
-    """The init container (first, before any init container of the chart's that might start vLLM code) and
-    the volumes."""
+def ensure_pod(
+    pod_spec: dict[str, Any], vllm: dict[str, Any], wheel_configmap: str, pins: tuple[str, ...] = ()
+) -> bool:
+    """The init container (first, before any init container of the chart's that might start vLLM code),
+    pinned to `pins` where given (a pin of other wheels replaced), and the volumes."""
     changed = False
     inits = pod_spec.setdefault("initContainers", [])
-    if not any(c.get("name") == INIT_CONTAINER for c in inits):
-        inits.insert(0, init_container(vllm))
+    ours = next((c for c in inits if c.get("name") == INIT_CONTAINER), None)
+    if ours is None:
+        inits.insert(0, init_container(vllm, pins))
         changed = True
+    elif pins:
+        env = [e for e in ours.get("env") or [] if e.get("name") != PIN_VARIABLE]
+        if [*env, pin_variable(pins)] != ours.get("env"):
+            ours["env"] = [*env, pin_variable(pins)]
+            changed = True
     present = {v.get("name"): v for v in pod_spec.setdefault("volumes", [])}
     for volume in volumes(wheel_configmap):
         if volume["name"] not in present:
