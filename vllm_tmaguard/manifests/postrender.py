@@ -5,11 +5,11 @@ container runs vLLM, where an unknown kind keeps its pods) refuses the whole str
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..wheel import sha256
 from . import configmap, detect, stream, workloads, zero_image
 
 HOW_TO_NAME = (
@@ -82,7 +82,7 @@ def postrender(text: str, named: Sequence[str] = (), wheels: Mapping[str, bytes]
     stream.StreamError, ValueError (wheels too large)."""
     result = Result()
     documents = stream.split(text)
-    pins = tuple(hashlib.sha256(data).hexdigest() for data in (wheels or {}).values())
+    pins = tuple(sha256(data) for data in (wheels or {}).values())
     wheel_cm = configmap.wheel_configmap(zero_image.WHEEL_CONFIGMAP, wheels) if wheels else None
     wheel_name = wheel_cm["metadata"]["name"] if wheel_cm else zero_image.WHEEL_CONFIGMAP
     namespaces: dict[str | None, None] = {}

@@ -12,6 +12,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from ..wheel import PIN_VARIABLE
+
 INIT_CONTAINER = "tmaguard-inject"
 PACKAGE_VOLUME = "tmaguard-package"
 PACKAGE_DIR = "/opt/vllm-tmaguard"
@@ -21,7 +23,6 @@ WHEEL_CONFIGMAP = "tmaguard-wheel"
 # The file the kustomize overlay's configMapGenerator reads (`tmaguard wheel-configmap WHEEL --into DIR`).
 OVERLAY_WHEEL = "vllm-tmaguard.whl"
 TOGGLES_CONFIGMAP = "tmaguard-toggles"
-PIN_VARIABLE = "TMAGUARD_WHEEL_SHA256"  # wheel.PIN_VARIABLE (this module must not import the package's code)
 # Runs in the image's own Python (-I: no PYTHONPATH or user site of the image's), standard library only: the
 # package imported from the first wheel in the ConfigMap volume (its Python is the same for every machine),
 # from the very bytes checked against the pin where one is set (a copy in memory: a ConfigMap edited between
