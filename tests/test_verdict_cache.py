@@ -261,7 +261,6 @@ def test_a_replay_imports_none_of_the_full_runs_modules(pods, run_python) -> Non
         "vllm_tmaguard.process", "vllm_tmaguard.verdict", "vllm_tmaguard.redaction", "vllm_tmaguard.codes",
         "vllm_tmaguard.issue", "vllm_tmaguard.line", "vllm_tmaguard.trust",
         "vllm_tmaguard.launch",  # the command line's eager flag: an input of the verdict, read again
-        "vllm_tmaguard.launch_file",  # and its --config file's (yaml only where one is named)
     }  # fmt: skip
     assert {"vllm_tmaguard.verdict", "vllm_tmaguard.trust"} <= set(later.result)
     assert os.path.exists(later.record_dir / "verdicts.json")

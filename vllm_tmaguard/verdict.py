@@ -28,7 +28,7 @@ from typing import Any
 from . import __version__
 from .files import default_record_dir, observe, private_problem, read_private_json, write_private
 from .issue import Issued, issue
-from .launch_file import process_eager_flag
+from .launch import config_path, eager_flag
 from .line import level_of, render
 from .process import (
     LIBRARY_PATH,
@@ -70,8 +70,18 @@ def observe_process(library: str, env_names: Iterable[str], env_prefixes: Iterab
         "euid": os.geteuid(),
         "python": [sys.executable, sys.version],
         "vllm": find_package_dir("vllm"),
-        "eager": process_eager_flag(sys.argv),  # routing reads it (launch.py; its --config file too)
+        "eager": _eager(sys.argv),  # routing reads it (launch.py)
     }
+
+
+def _eager(argv: list[str]) -> str | None:
+    """The process's eager flag; its `--config` file read (launch_file.py, PyYAML) only where one is named,
+    so that a replay's path imports neither otherwise."""
+    if config_path(argv) is None:
+        return eager_flag(argv)
+    from .launch_file import process_eager_flag
+
+    return process_eager_flag(argv)
 
 
 def _loaded_as(library: str) -> list[str]:
