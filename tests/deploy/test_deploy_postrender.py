@@ -19,7 +19,7 @@ import helm_python as helm
 import pytest
 import yaml
 from deploykit import DEPLOY, render
-from test_deploy_zero_image import _configmap_volume, run_init_container
+from test_deploy_zero_image import _configmap_volume, _forged, run_init_container
 
 from vllm_tmaguard.manifests import stream, zero_image
 
@@ -290,6 +290,29 @@ def test_production_stack_values_give_the_same_install(stock_python, release, tm
     done = run_init_container(init, volume, package, Path(stock_python).parent)
     assert done.returncode == 0, done.stderr
     assert (package / "sitecustomize.py").is_file()
+
+    # The pin, as the values file's comment says to give it: the chart carries it to the init container,
+    # which then places the wheel it pins and refuses another.
+    pin = {"name": "TMAGUARD_WHEEL_SHA256", "value": printed.stderr.strip().rpartition("=")[2]}
+    values["servingEngineSpec"]["modelSpec"][0]["initContainer"]["env"] = [pin]
+    pinned_text = helm_template(CHARTS / "stack", values)
+    pinned = next(
+        d.value
+        for d in stream.split(pinned_text)
+        if d.value and d.value["kind"] == "Deployment" and "qwen" in str(d.value)
+    )["spec"]["template"]["spec"]["initContainers"][0]
+    assert pin in pinned["env"]
+    forged = _forged(release.wheels["x86_64"], tmp_path / "forged.whl", tmp_path / "forged-code-ran")
+    for wheel, status in ((release.wheels["x86_64"], 0), (forged, 1)):
+        package, volume = tmp_path / f"pinned-{status}", tmp_path / f"configmap-{status}"
+        package.mkdir(mode=0o777)
+        volume.mkdir()
+        (volume / "vllm-tmaguard.whl").write_bytes(wheel.read_bytes())
+        done = run_init_container(pinned, volume, package, Path(stock_python).parent)
+        assert done.returncode == status, done.stderr
+        assert (package / "sitecustomize.py").is_file() == (status == 0)
+        assert ("is not one that TMAGUARD_WHEEL_SHA256 pins" in done.stderr) == (status == 1)
+    assert not (tmp_path / "forged-code-ran").exists()
 
 
 @pytest.mark.parametrize("args", [["--nope"], ["--container"]])
