@@ -211,12 +211,12 @@ def wheel_configmap(
     from . import files
     from .manifests.configmap import wheel_configmap as make
     from .manifests.stream import dump
-    from .manifests.zero_image import OVERLAY_WHEEL, WHEEL_CONFIGMAP
-    from .wheel import PIN_VARIABLE, sha256
+    from .manifests.zero_image import OVERLAY_WHEEL, WHEEL_CONFIGMAP, pin_variable
+    from .wheel import sha256
 
     found = [_checked_wheel(path) for path in wheels]
-    pin = f"tmaguard wheel-configmap: pin on the init container: {PIN_VARIABLE}="
-    pin += ",".join(sorted({sha256(w.data) for w in found}))
+    variable = pin_variable(tuple(sha256(w.data) for w in found))
+    pin = f"tmaguard wheel-configmap: pin on the init container: {variable['name']}={variable['value']}"
     if into:
         if len(found) != 1:
             _echo("tmaguard wheel-configmap: --into takes one wheel (the one for your nodes)", err=True)

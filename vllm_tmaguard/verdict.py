@@ -7,7 +7,7 @@ What a verdict was decided from, observed alike when it is stored and when it is
   1. the process: the environment variables the stages read (LD_LIBRARY_PATH by its effect on the loader's
      search, unless the stages read more of it), the files loaded under the driver's name where one answers
      it, the working directory, the effective user, the interpreter, the vLLM package it would import and
-     the command line's eager flag (launch.py);
+     the command line's eager flag (launch.py; its --config file's too, launch_file.py);
   2. files: every file input the full run read through the door, with what it looked like as it was read
      (files.Notes: identity, size, modification and change times; a /proc file's content).
 A verdict is replayed whole or not at all: the stored record with this process's pid, time and trigger, the
