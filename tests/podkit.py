@@ -466,12 +466,24 @@ def build_pod(
         _install(libs["nvml"], lib_dir / f"libnvidia-ml.so.{driver}")
         if vcuda_config:
             (root / "etc/vcuda").mkdir(parents=True)
-            (root / "etc/vcuda/vcuda.config").write_text(f"{quota}\n")
+            (root / "etc/vcuda/vcuda.config").write_bytes(vcuda_config_bytes(quota))
         _touch(root / "etc/vcuda/vcuda.sock")
         _touch(root / "usr/local/nvidia/bin/gpu-client", 0o755)
         env["STANDIN_VCUDA_ROOT"] = str(root)
 
     return Pod(kind, root, lib_dir, real_driver, env)
+
+
+def vcuda_config_bytes(quota: int, enable: bool = True) -> bytes:
+    """vCUDA's /etc/vcuda/vcuda.config as gpu-manager writes it: its resource_data_t (vcuda-controller's
+    include/hijack.h, packed, 8240 bytes), here with the quota and `enable` set (0: whole GPUs, no limit)."""
+    data = bytearray(8240)
+    data[0:9] = b"test-pod\0"
+    struct.pack_into("<i", data, 48, 100)  # limit
+    struct.pack_into("<Q", data, 8208, quota)  # gpu_memory
+    struct.pack_into("<ii", data, 8216, 100, 0)  # utilization, hard_limit
+    struct.pack_into("<i", data, 8232, int(enable))
+    return bytes(data)
 
 
 def _field_layer(root: Path, kind: str, libs: dict[str, Path], scheduler_socket: bool) -> dict[str, str]:

@@ -10,9 +10,18 @@ import os
 
 from . import overlay, trust
 from .catalogue import DRIVER_LIBRARY, overlay_path, shim_path
-from .codes import BLOCK_IMPORT, IMPORTED_EARLY, LOAD_OVERLAY, LOAD_SHIM, OVERLAY_FAILED, SET_ENV, SHIM_FAILED
+from .codes import (
+    BLOCK_IMPORT,
+    IMPORTED_EARLY,
+    LOAD_OVERLAY,
+    LOAD_SHIM,
+    OVERLAY_FAILED,
+    SET_ARG,
+    SET_ENV,
+    SHIM_FAILED,
+)
 from .outcomes import Action, Problem
-from .process import answering, block_import, load_library
+from .process import add_arg, answering, block_import, load_library
 from .routing import Routing
 from .supply import Supply
 
@@ -118,12 +127,28 @@ def apply_routing(routing: Routing, apply: bool) -> Outcome:
     return tuple(actions), tuple(problems)
 
 
+def apply_launch(env: dict[str, str], args: tuple[tuple[str, str], ...], apply: bool) -> tuple[Action, ...]:
+    """Sets the variables vLLM reads at its import (its compat switch) and adds flags to the server's command
+    line before vLLM parses it (memory.py, compat.py)."""
+    actions = []
+    for variable, value in env.items():
+        if apply:
+            os.environ[variable] = value
+        actions.append(Action(SET_ENV, variable, value, applied=apply))
+    for flag, value in args:
+        if not apply or add_arg(flag, value):
+            actions.append(Action(SET_ARG, flag, value, applied=apply))
+    return tuple(actions)
+
+
 def replay_plan(actions: tuple[Action, ...]) -> dict[str, object]:
     """The applied actions as the changes a process replaying this verdict makes (verdict.redo): libraries
-    to load in order, each with its scope and the name it must answer; variables to set; modules to block."""
+    to load in order, each with its scope and the name it must answer; variables to set; modules to block;
+    flags to add to the server's command line."""
     loads: list[list[object]] = []
     env: dict[str, str] = {}
     block: list[str] = []
+    args: list[list[str]] = []
     for action in actions:
         if not action.applied:
             continue
@@ -135,4 +160,6 @@ def replay_plan(actions: tuple[Action, ...]) -> dict[str, object]:
             env[action.target] = action.value or ""
         elif action.kind == BLOCK_IMPORT:
             block.append(action.target)
-    return {"load": loads, "env": env, "block": block}
+        elif action.kind == SET_ARG:
+            args.append([action.target, action.value or ""])
+    return {"load": loads, "env": env, "block": block, "args": args}

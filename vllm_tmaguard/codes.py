@@ -21,6 +21,10 @@ TOGGLE_INVALID = "toggle-invalid"
 TOGGLE_UNKNOWN = "toggle-unknown"  # a TMAGUARD_* variable that is not a toggle (a typo of one)
 ROUTING_OVERRIDE = "routing-override"  # a user setting the guard had to override
 ROUTING_IMPOSSIBLE = "routing-impossible"  # the user insists on what cannot be had (stops start-up)
+MEMORY_FRACTION_TOO_HIGH = "memory-fraction-too-high"  # vLLM's share leaves too little of the layer's limit
+MEMORY_UNENFORCED = "memory-unenforced"  # GPU shared with no memory limit: vLLM's default takes it whole
+COMPAT_BYPASSES_LAYER = "compat-bypasses-layer"  # VLLM_ENABLE_CUDA_COMPATIBILITY under a replacing layer
+LAYER_BYPASSED = "layer-bypassed"  # the pod's layer is configured, this process's libcuda.so.1 is not it
 
 # Problems after which no CUDA call succeeds in the pod (the doctor never calls TMA usable beside one).
 CUDA_BROKEN = frozenset({LOOKUP_SWAPPED, LAYER_DAEMON_MISSING, LAYER_CANNOT_LOAD})
@@ -38,6 +42,7 @@ LOAD_OVERLAY = "load-overlay"
 LOAD_SHIM = "load-shim"
 SET_ENV = "set-env"
 BLOCK_IMPORT = "block-import"
+SET_ARG = "set-arg"  # a vLLM flag added to the server's command line before vLLM parses it
 
 # Exit statuses of every `tmaguard` command (docs/doctor.md, "Exit status"; the preflight acts on each).
 EXIT_OK = 0  # healthy; done; nothing needed

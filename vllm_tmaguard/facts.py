@@ -5,10 +5,12 @@ from collections.abc import Mapping
 from typing import NamedTuple
 
 from .catalogue import DRIVER_LIBRARY, ENCODERS, MARKER
+from .compat import BYPASSED, BYPASSED_VCUDA
 from .elf import ElfError, ElfInfo, read_elf
 from .gpu import cuda_version_of_driver, read_driver_version
 from .layers import LIBCUDA_PREFIXES, Layer, detect_layers, gather_evidence
 from .loader import LibraryResolution, find_real_driver, resolve_library
+from .memory import VCUDA_CONFIG, vcuda_quota
 from .process import read_loaded_objects
 from .scan_cache import probe_vllm_cached
 from .vllm_probe import VllmFacts
@@ -80,6 +82,22 @@ def _overlaid_layer(info: ElfInfo) -> str | None:
     return next((needed for needed in info.needed if needed.startswith("/")), None)
 
 
+def _bypassed_vcuda(layers: tuple[Layer, ...], root: str, driver: DriverFacts) -> tuple[Layer, ...]:
+    """vCUDA configured for this pod (a quota in its vcuda.config, `enable` on) while this process's
+    libcuda.so.1 is not a vCUDA build: the layer is bypassed here (compat.py), never "no sharing layer". A
+    vcuda.config of gpu-manager's whole-GPU containers (`enable` 0) limits nothing and names nothing."""
+    if any(layer.name in ("vcuda", "vcuda-fork") for layer in layers):
+        return ()
+    quota = vcuda_quota(root)
+    if quota is None:
+        return ()
+    evidence = (
+        f"{VCUDA_CONFIG} sets a quota of {quota} bytes",
+        f"libcuda.so.1 is {driver.path or 'not found'}, not a vCUDA build",
+    )
+    return (Layer(BYPASSED_VCUDA, evidence, conditions=(BYPASSED,)),)
+
+
 def probe(
     environ: Mapping[str, str],
     root: str,
@@ -95,5 +113,6 @@ def probe(
     the vLLM scan is cached across processes (the guard's private directory)."""
     driver = probe_driver(environ, root)
     layers = detect_layers(gather_evidence(root, environ, driver.info), driver.cuda_version)
+    layers = (*layers, *_bypassed_vcuda(layers, root, driver))
     vllm = probe_vllm_cached(cache_dir, vllm_dir)
     return Facts(driver, vllm, layers, trigger, vllm.kernels_listed, dict(environ), eager)

@@ -22,6 +22,13 @@ _COMPILATION = "--compilation-config"
 _GRAPH_MODE = "cudagraph_mode"
 CONFIG = "--config"
 _SETTINGS = (_EAGER, _LEVEL, _COMPILATION)  # what a config file can say about eager, as long options
+_FRACTION = ("--gpu-memory-utilization", "--device-memory-utilization")  # one setting, two names
+_KV_CACHE = "--kv-cache-memory-bytes"
+MEMORY_SETTINGS = (*_FRACTION, _KV_CACHE)
+# How vLLM's server is started: the `vllm` command's `serve`, or a module run with `python -m`, whose
+# package is imported while sys.argv[0] is still "-m" (the module's name is then in /proc/self/cmdline).
+_CLI_MODULE, _API_MODULE = "vllm.entrypoints.cli.main", "vllm.entrypoints.openai.api_server"
+_CLI_FILE, _API_FILE = "vllm/entrypoints/cli/main.py", "vllm/entrypoints/openai/api_server.py"
 
 
 def _normal(arg: str) -> str:
@@ -55,14 +62,14 @@ def config_path(argv: Sequence[str]) -> str | None:
     return args[args.index(CONFIG) + 1]
 
 
-def config_args(config: Mapping[Any, Any]) -> list[str]:
-    """A config file's eager settings as the command-line arguments vLLM makes of them (its
+def config_args(config: Mapping[Any, Any], settings: tuple[str, ...] = _SETTINGS) -> list[str]:
+    """A config file's `settings` (eager's, by default) as the command-line arguments vLLM makes of them (its
     FlexibleArgumentParser.load_config_file: `key: true` is `--key`, `enforce-eager: false` is
     `--no-enforce-eager`, a mapping its JSON), the other keys left out. Of a compilation config only its
     cudagraph_mode is kept: no mapping is serialised whole (YAML aliases can make that exponential)."""
     tokens: list[str] = []
     for key, value in config.items():
-        if not isinstance(key, str) or _normal("--" + key).partition(".")[0] not in _SETTINGS:
+        if not isinstance(key, str) or _normal("--" + key).partition(".")[0] not in settings:
             continue
         option = "--" + key
         if isinstance(value, bool):
@@ -131,3 +138,39 @@ def eager_flag(argv: Sequence[str], config: Mapping[Any, Any] | None = None) -> 
     if graph_mode is not None:
         return written(*graph_mode[1:]) if graph_mode[0] == "NONE" else None
     return written(*level[1:]) if level is not None and level[0] == "0" else None
+
+
+def is_server(argv: Sequence[str], module: str | None = None) -> bool:
+    """The process is the front of a vLLM server, whose command line vLLM's parser reads after the guard:
+    `vllm serve`, `python -m vllm.entrypoints.cli.main serve`, `python -m vllm.entrypoints.openai.api_server`
+    (`module`: the module `python -m` runs, where argv[0] is still "-m"). A spawned child of it has its
+    argv, and so counts too: its flags were given to the front."""
+    if not argv:
+        return False
+    first, subcommand = argv[0], argv[1] if len(argv) > 1 else ""
+    if first == "-m":
+        return module == _API_MODULE or (module == _CLI_MODULE and subcommand == "serve")
+    if first.endswith(_API_FILE):
+        return True
+    cli = first.endswith(_CLI_FILE) or first.rsplit("/", 1)[-1] == "vllm"
+    return cli and subcommand == "serve"
+
+
+def memory_settings(
+    argv: Sequence[str], config: Mapping[Any, Any] | None = None
+) -> tuple[str | None, str | None]:
+    """(--gpu-memory-utilization, --kv-cache-memory-bytes) as written on the command line or in its `--config`
+    file (whose settings count before the command line's, the last one of each winning), or None each."""
+    args = list(argv[1:])
+    path = config_path(argv)
+    if path is not None:
+        at = args.index(CONFIG)
+        file_args = config_args(config, MEMORY_SETTINGS) if config is not None else []
+        args = file_args + args[:at] + args[at + 2 :]
+    found: dict[str, str | None] = {_FRACTION[0]: None, _KV_CACHE: None}
+    for index, raw in enumerate(args):
+        name, sep, value = _normal(raw).partition("=")
+        if name in MEMORY_SETTINGS:
+            setting = _FRACTION[0] if name in _FRACTION else _KV_CACHE
+            found[setting] = value if sep else (args[index + 1] if index + 1 < len(args) else None)
+    return found[_FRACTION[0]], found[_KV_CACHE]

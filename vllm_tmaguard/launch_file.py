@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .files import read_shared_file
-from .launch import config_path, eager_flag
+from .launch import config_path, eager_flag, memory_settings
 
 MAX_BYTES = 256 << 10
 _SUFFIXES = (".yaml", ".yml")  # vLLM refuses any other (FlexibleArgumentParser.load_config_file)
@@ -42,3 +42,12 @@ def process_eager_flag(argv: Sequence[str] | None = None) -> str | None:
     argv = sys.argv if argv is None else argv
     path = config_path(argv)
     return eager_flag(argv, read_config(path) if path is not None else None)
+
+
+def process_settings(argv: Sequence[str] | None = None) -> tuple[str | None, str | None, str | None]:
+    """(eager flag, --gpu-memory-utilization, --kv-cache-memory-bytes) for this process (`argv`: sys.argv),
+    its `--config` file read once for all three."""
+    argv = sys.argv if argv is None else argv
+    path = config_path(argv)
+    config = read_config(path) if path is not None else None
+    return (eager_flag(argv, config), *memory_settings(argv, config))

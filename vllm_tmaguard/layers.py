@@ -34,6 +34,7 @@ LABELS = {
     "cgpu": "Alibaba cGPU",
     "mps": "NVIDIA MPS",
     "unrecognized": "an unrecognized GPU-sharing layer",
+    "vcuda-bypassed": "tkestack vCUDA (bypassed)",
 }
 # Layers that are the process's libcuda.so.1 (the others are preloaded in front of NVIDIA's, or beside it).
 OWNS_LIBCUDA = frozenset({"vcuda", "vcuda-fork", "lupine"})

@@ -11,7 +11,7 @@ import os
 import sys
 from typing import Any
 
-from .codes import LOAD_OVERLAY, LOAD_SHIM, NO_GPU, RECORD_DIR_REFUSED
+from .codes import LOAD_OVERLAY, LOAD_SHIM, NO_GPU, RECORD_DIR_REFUSED, SET_ARG
 
 logger = logging.getLogger("vllm_tmaguard")
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
@@ -146,6 +146,8 @@ def _loaded(actions: list[dict[str, Any]]) -> str | None:
     if shims:
         names = ", ".join(a["target"] for a in shims)
         parts.append(f"shims {'loaded' if shims[0]['applied'] else 'would be loaded'} ({names})")
+    for flag in (a for a in actions if a["kind"] == SET_ARG):  # memory.py: the layer's limit, what fits it
+        parts.append(f"{flag['target']} {flag['value']} {'set' if flag['applied'] else 'would be set'}")
     return "; ".join(parts) or None
 
 

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 from . import layers as fingerprints
 from .codes import LAYER_CANNOT_LOAD, LAYER_DAEMON_MISSING
+from .compat import BYPASSED
 from .layers import Layer
 from .outcomes import Problem
 
@@ -191,7 +192,7 @@ def metering_json(layers: tuple[Layer, ...]) -> list[dict[str, Any]]:
     found = []
     for layer in layers:
         table = metering_of(layer)
-        if table is not None:
+        if table is not None and BYPASSED not in layer.conditions:  # a bypassed layer meters nothing here
             caveats = (*table.caveats, *(c for c in layer.conditions if c in SEVERITY))
             found.append(
                 {

@@ -15,10 +15,10 @@ import contextlib
 import json
 import os
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import files
-from .actions import apply_routing, apply_supply, replay_plan
+from .actions import apply_launch, apply_routing, apply_supply, replay_plan
 from .catalogue import DRIVER_LIBRARY
 from .codes import (
     EXTENSION_UNREADABLE,
@@ -28,19 +28,22 @@ from .codes import (
     ROOT_REFUSED,
     SHIM_FAILED,
 )
+from .compat import BYPASSED, bypass_problem, plan_compat
 from .facts import Facts, probe
-from .gpu import probe_gpus
+from .gpu import GpuFacts, probe_gpus
 from .inputs import ENV_NAMES, ENV_PREFIXES, watched_environ
 from .issue import Issued, issue
+from .layers import LABELS
 from .line import log
+from .memory import FRACTION_FLAG, UNENFORCED, MemoryFlags, MemoryPlan, plan_memory, read_limit
 from .metering import layer_problems
 from .outcomes import Action, Problem
 from .record import Record, assemble
 from .redaction import MIN_SECRET, shows_redaction
-from .routing import plan_routing_after
+from .routing import RoutePlan, plan_routing_after
 from .stop import stop_for, tell_kubernetes
 from .store import RecordDir, open_record_dir
-from .supply import plan_supply
+from .supply import SupplyPlan, plan_supply
 from .toggles import Toggles, read_toggles
 from .trust import probe_root_problem
 from .verdict import by_effect, observe_process, remember
@@ -73,7 +76,13 @@ def run(trigger: str) -> Issued | None:
         if toggles.mode == "off":
             log("debug", "tmaguard: TMAGUARD_MODE=off, doing nothing")
             return None
-        record, records, facts = _decide(trigger, environ, toggles, toggle_problems, clock, process["eager"])
+        records = open_record_dir(toggles.record_dir)
+        clock.lap("toggles")
+        apply = toggles.mode == "auto"
+        decided = decide(
+            trigger, environ, toggles, toggle_problems, process, records, apply=apply, clock=clock
+        )
+        record, facts = decided.record, decided.facts
     issued = issue(record.to_json(), records.path, toggles.log_format)
     stop = stop_for(issued.document["problems"], toggles.strict, toggles.gemm)
     if stop:
@@ -85,20 +94,44 @@ def run(trigger: str) -> Issued | None:
     return issued
 
 
-def _decide(
+class Decision(NamedTuple):
+    """What the stages found, planned and did, up to the typed record."""
+
+    record: Record
+    facts: Facts
+    gpus: GpuFacts
+    supply: SupplyPlan
+    route: RoutePlan | None
+
+
+# A vLLM server started here with vLLM's own settings: what `tmaguard check` and the doctor decide for, since
+# neither sees the command line vLLM will be given.
+SERVER_DEFAULTS: dict[str, Any] = {
+    "eager": None,
+    "launch": {"serve": True, "fraction": None, "kv_cache": None},
+}
+
+
+def decide(
     trigger: str,
     environ: dict[str, str],
     toggles: Toggles,
     toggle_problems: tuple[Problem, ...],
-    clock: _Clock,
-    eager: str | None,
-) -> tuple[Record, RecordDir, Facts]:
-    """The stages, up to the typed record of what was found, decided and done (and the file facts, for what
-    the verdict was decided from)."""
-    apply = toggles.mode == "auto"
-    records = open_record_dir(toggles.record_dir)
-    clock.lap("toggles")
-    facts = probe(environ, toggles.root, trigger, eager=eager, cache_dir=records.path)
+    process: dict[str, Any],
+    records: RecordDir,
+    *,
+    apply: bool,
+    clock: _Clock | None = None,
+    vllm_dir: str | None = None,
+) -> Decision:
+    """The one decision script (docs/design.md §4), for the full run (apply: auto mode) and for `tmaguard
+    check` and the doctor (apply False: the actions auto mode would take, nothing changed). `process`: its
+    observation (verdict.observe_process), for what its command line tells vLLM; `records`: the private
+    directory (path None: none, the overlay then in memory and the vLLM scan not cached)."""
+    clock = clock or _Clock()
+    facts = probe(
+        environ, toggles.root, trigger, eager=process["eager"], vllm_dir=vllm_dir, cache_dir=records.path
+    )
     clock.lap("facts")
     plan = plan_supply(facts, toggles)
     refused = probe_root_problem(toggles.root, facts.driver.resolution.how, facts.driver.path)
@@ -109,18 +142,55 @@ def _decide(
     clock.lap("gpus")
     route = plan_routing_after(facts, gpus, plan, toggles.gemm)
     routed, routing_problems = apply_routing(route.routing, apply) if route else ((), ())
+    memory, launched, launch_problems = (
+        _launch(facts, toggles, process["launch"], apply) if route else (None, (), ())
+    )
     clock.lap("routing")
     # What breaks vLLM first, then what concerns the guard's settings; without a GPU, no driver is none.
     unsupplied = () if not gpus.present and plan.status == "no-driver" else plan.problems
     problems = (
-        *layer_problems(facts.layers), *unsupplied, *_root_problem(refused), *supply_problems,
+        *_bypassed(facts), *layer_problems(facts.layers), *launch_problems, *unsupplied,
+        *_root_problem(refused), *supply_problems,
         *routing_problems, *(route.problems if route else ()), *_probe_problems(facts), *toggle_problems,
         *([records.problem()] if records.refused else []),
     )  # fmt: skip
     record = assemble(
-        trigger, toggles.mode, facts, gpus, plan, route, supplied + routed, problems, clock.times
+        trigger,
+        toggles.mode,
+        facts,
+        gpus,
+        plan,
+        route,
+        supplied + routed + launched,
+        problems,
+        clock.times,
+        memory,
     )
-    return record, records, facts
+    return Decision(record, facts, gpus, plan, route)
+
+
+def _launch(
+    facts: Facts, toggles: Toggles, launch: dict[str, Any], apply: bool
+) -> tuple[MemoryPlan, tuple[Action, ...], tuple[Problem, ...]]:
+    """What vLLM is started with that the layer cannot take: its memory fraction under the layer's limit
+    (memory.py), its compat switch under a layer that replaces libcuda.so.1 (compat.py); done where auto."""
+    names = frozenset(layer.name for layer in facts.layers if BYPASSED not in layer.conditions)
+    unenforced = tuple(layer.label for layer in facts.layers if layer.name in UNENFORCED)
+    flags = MemoryFlags(launch["fraction"], launch["kv_cache"], launch["serve"])
+    limit = read_limit(facts.environ, toggles.root, names)
+    memory = plan_memory(limit, flags, unenforced, toggles.memory)
+    compat = plan_compat(facts.environ, tuple((layer.name, layer.label) for layer in facts.layers), apply)
+    args = ((FRACTION_FLAG, memory.set_to),) if memory.set_to else ()
+    return memory, apply_launch(compat.env, args, apply), (*memory.problems, *compat.problems)
+
+
+def _bypassed(facts: Facts) -> tuple[Problem, ...]:
+    """A layer configured in the pod whose library is not this process's libcuda.so.1 (facts.py)."""
+    return tuple(
+        bypass_problem(LABELS["vcuda"], layer.evidence[0], facts.driver.path, facts.environ)
+        for layer in facts.layers
+        if BYPASSED in layer.conditions
+    )
 
 
 def _entry(

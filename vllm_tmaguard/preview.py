@@ -1,46 +1,35 @@
-"""What the guard would find and do in a vLLM process started here, as its record, with nothing changed:
-the same stages as pipeline.run in validate mode (for `tmaguard check` and `tmaguard doctor`)."""
+"""What the guard would find and do in a vLLM server started here, as its record, with nothing changed: the
+full run's own decision script (pipeline.decide) with its actions not taken (for `tmaguard check` and
+`tmaguard doctor`), so that the two can never disagree."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import NamedTuple
 
-from .actions import apply_routing, apply_supply
-from .facts import Facts, probe
-from .gpu import GpuFacts, probe_gpus
-from .metering import layer_problems
-from .record import Record, assemble
-from .routing import RoutePlan, plan_routing_after
-from .supply import SupplyPlan, plan_supply
+from .inputs import watched_environ
+from .outcomes import Problem
+from .pipeline import SERVER_DEFAULTS, Decision, decide
+from .record import Record
+from .store import RecordDir
 from .toggles import Toggles
 
-
-class Preview(NamedTuple):
-    """What the guard would see and decide here: its inputs and plans, and the record it would write."""
-
-    facts: Facts
-    gpus: GpuFacts
-    supply: SupplyPlan
-    route: RoutePlan | None
-    record: Record
+Preview = Decision
 
 
 def preview_all(
-    environ: Mapping[str, str], toggles: Toggles, trigger: str, vllm_dir: str | None = None
+    environ: Mapping[str, str],
+    toggles: Toggles,
+    trigger: str,
+    vllm_dir: str | None = None,
+    toggle_problems: tuple[Problem, ...] = (),
 ) -> Preview:
-    facts = probe(environ, toggles.root, trigger, eager=None, vllm_dir=vllm_dir)  # not vLLM's argv
-    gpus = probe_gpus(toggles.root)
-    supply = plan_supply(facts, toggles)
-    route = plan_routing_after(facts, gpus, supply, toggles.gemm)
-    supplied, supply_problems = apply_supply(supply.supplies, facts.driver.path or "", None, apply=False)
-    routed, routing_problems = apply_routing(route.routing, apply=False) if route else ((), ())
-    problems = (
-        *layer_problems(facts.layers), *supply.problems, *supply_problems, *routing_problems,
-        *(route.problems if route else ()),
+    """The decision for a vLLM server started here with vLLM's own settings (neither the check nor the
+    doctor sees the command line vLLM will be given); no private directory is touched."""
+    records = RecordDir(None, toggles.record_dir)
+    return decide(
+        trigger, watched_environ(environ), toggles, toggle_problems, SERVER_DEFAULTS, records, apply=False,
+        vllm_dir=vllm_dir,
     )  # fmt: skip
-    record = assemble(trigger, "validate", facts, gpus, supply, route, supplied + routed, problems, {})
-    return Preview(facts, gpus, supply, route, record)
 
 
 def preview(

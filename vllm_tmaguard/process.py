@@ -135,3 +135,30 @@ def block_import(module: str) -> bool:
         return False
     sys.modules[module] = None  # type: ignore[assignment]
     return True
+
+
+def add_arg(flag: str, value: str) -> bool:
+    """Adds `flag value` to the command line vLLM's parser reads after the guard (sys.argv), unless the flag
+    is there already; False then. vLLM's parser takes the last of a repeated flag, so nothing the user wrote
+    is ever overridden by this."""
+    if any(arg == flag or arg.startswith(flag + "=") for arg in sys.argv[1:]):
+        return False
+    sys.argv.extend([flag, value])
+    return True
+
+
+def module_run() -> str | None:
+    """The module `python -m` runs in this process, from /proc/self/cmdline (sys.argv[0] is "-m" while its
+    package is imported, when the guard runs); None for any other command."""
+    from .files import read_bytes
+
+    try:  # /proc/self is this process itself, not a verdict input (docs/design.md §4.1)
+        words = read_bytes("/proc/self/cmdline", 1 << 20, noted=False).split(b"\0")
+    except OSError:
+        return None
+    for index, word in enumerate(words[1:], start=1):
+        if word == b"-m" and index + 1 < len(words):
+            return words[index + 1].decode(errors="replace")
+        if not word.startswith(b"-"):
+            return None
+    return None

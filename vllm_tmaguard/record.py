@@ -20,10 +20,12 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # the stages' types, for annotations only: importing them here would cost start-up
     from .facts import Facts
     from .gpu import GpuFacts
+    from .memory import MemoryPlan
     from .routing import RoutePlan
     from .supply import SupplyPlan
 
 SCHEMA = 2
+
 
 class Record(NamedTuple):
     pid: int
@@ -51,6 +53,7 @@ class Record(NamedTuple):
     tmaguard: str = __version__
     replaced: Mapping[str, str] = {}  # the layer's own exports answered instead by the guard's library
     metering: tuple[dict[str, Any], ...] = ()  # per layer: what it meters (metering.metering_json)
+    memory: dict[str, Any] | None = None  # the layer's limit and vLLM's share of it (memory.MemoryPlan)
 
     @property
     def layer(self) -> dict[str, Any] | None:
@@ -66,14 +69,20 @@ class Record(NamedTuple):
             return "no GPU and no libcuda.so.1: nothing to do"
         if self.outcome == NO_VLLM:
             return f"{who}: vLLM is not installed, nothing to check"
+        headline = next((_HEADLINES[p.code] for p in self.problems if p.code in _HEADLINES), None)
+        if headline:  # what breaks vLLM on this pod before any missing symbol does
+            return f"{who}: {headline}"
+        taken = self.outcome == SUPPLIED and all(a.applied for a in self.actions)  # not `tmaguard check`'s
         if not self.lacking and self.replaced:
-            verb = "the overlay answers" if self.outcome == SUPPLIED else "the overlay would answer"
+            verb = "the overlay answers" if taken else "the overlay would answer"
             return f"{who}: its look-ups hand out legacy ABIs; {verb} them"
         if not self.lacking:
             first = next((p for p in self.problems if p.code.startswith("driver")), None)
             return f"{who}: {first.cause}" if first else f"{who}: libcuda.so.1 has every entry point needed"
         more = f" and {len(self.lacking) - 1} more" if len(self.lacking) > 1 else ""
-        verb = {SUPPLIED: "supplied", WOULD_SUPPLY: "would be supplied"}.get(self.outcome, "not all supplied")
+        verb = {SUPPLIED: "supplied" if taken else "would be supplied", WOULD_SUPPLY: "would be supplied"}.get(
+            self.outcome, "not all supplied"
+        )
         return f"{who}: libcuda.so.1 lacks {self.lacking[0]}{more}; {verb}"
 
     def to_json(self) -> dict[str, Any]:
@@ -106,8 +115,16 @@ class Record(NamedTuple):
             "forked_from": self.forked_from,
             "replayed_from": self.replayed_from,
             "metering": list(self.metering),
+            "memory": self.memory,
         }
         return redact(document)
+
+
+# Problems the summary leads with, in a phrase each: vLLM fails here whatever libcuda.so.1 exports.
+_HEADLINES = {
+    codes.LAYER_BYPASSED: "its quota is not in force in this process",
+    codes.MEMORY_FRACTION_TOO_HIGH: "vLLM's memory share does not fit the layer's limit",
+}
 
 
 def now() -> str:
@@ -148,6 +165,7 @@ def assemble(
     actions: tuple[Action, ...],
     problems: tuple[Problem, ...],
     timings_ms: dict[str, float],
+    memory: MemoryPlan | None = None,
 ) -> Record:
     """The record of one activation, from the stages' outputs."""
     driver, routing = facts.driver, route.routing if route else None
@@ -163,6 +181,7 @@ def assemble(
                 "label": layer.label,
                 "evidence": list(layer.evidence),
                 "remote": not layer.forwards_to_local_driver,
+                "conditions": list(layer.conditions),
             }
             for layer in facts.layers
         ),
@@ -205,22 +224,53 @@ def assemble(
         metering=tuple(metering_json(facts.layers)),
         encoder={"reachable": plan.encoder.reachable, "reason": plan.encoder.reason},
         tma=None if route is None else {"usable": route.tma.usable, "reason": route.tma.reason},
-        routing=None if routing is None else _routing_json(routing),
+        routing=None if routing is None else _routing_json(routing, _launch_overrides(actions, memory)),
         actions=actions,
         problems=problems,
         timings_ms=timings_ms,
         elapsed_ms=round(sum(timings_ms.values()), 2),
+        memory=memory.to_json() if memory else None,
     )
 
 
-def _routing_json(routing: Any) -> dict[str, Any]:
+def _launch_overrides(actions: tuple[Action, ...], memory: MemoryPlan | None) -> list[dict[str, Any]]:
+    """What the guard changed of how vLLM is started (memory.py, compat.py), as routing overrides."""
+    from .compat import SWITCH
+    from .memory import FRACTION_FLAG, VLLM_DEFAULT_FRACTION
+
+    found = []
+    for action in actions:
+        if action.kind == codes.SET_ARG and action.target == FRACTION_FLAG and memory and memory.limit:
+            found.append(
+                {
+                    "variable": FRACTION_FLAG,
+                    "was": f"{VLLM_DEFAULT_FRACTION} (vLLM's default)",
+                    "now": action.value,
+                    "why": f"vLLM's default leaves too little of the layer's limit ({memory.limit.source}) "
+                    "for its CUDA context and graphs",
+                }
+            )
+        elif action.kind == codes.SET_ENV and action.target == SWITCH:
+            found.append(
+                {
+                    "variable": SWITCH,
+                    "was": "1",
+                    "now": action.value,
+                    "why": "a compat libcuda.so.1 first on the path bypasses the layer in vLLM's children",
+                }
+            )
+    return found
+
+
+def _routing_json(routing: Any, launch_overrides: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "families": [{"family": f.family, "path": f.path, "why": f.why} for f in routing.families],
         "env": routing.env,
         "blocked_imports": list(routing.block_modules),
         "disabled_kernels": [{"kernel": name, "why": why} for name, why in routing.disabled],
         "overrides": [
-            {"variable": o.variable, "was": o.was, "now": o.now, "why": o.why} for o in routing.overrides
+            *({"variable": o.variable, "was": o.was, "now": o.now, "why": o.why} for o in routing.overrides),
+            *launch_overrides,
         ],
         "hints": list(routing.hints),
         "stale": list(routing.stale),

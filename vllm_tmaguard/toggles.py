@@ -46,6 +46,14 @@ TOGGLES: tuple[ToggleSpec, ...] = (
         "serving many)",
     ),
     ToggleSpec(
+        "TMAGUARD_MEMORY",
+        ("fit", "warn", "off"),
+        "fit",
+        "fit: under a layer's memory limit, where vLLM's default --gpu-memory-utilization cannot start, "
+        "add the largest that can to the server's command line (a user's own value is never changed, only "
+        "warned about); warn: say so, change nothing; off: neither",
+    ),
+    ToggleSpec(
         "TMAGUARD_OVERLAY",
         ("auto", "off"),
         "auto",
@@ -109,6 +117,7 @@ class Toggles(NamedTuple):
     strict: bool = False
     gemm: str = "auto"
     overlay: str = "auto"
+    memory: str = "fit"
     log_format: str = "text"
     trace: bool = False
     root: str = "/"
@@ -166,12 +175,15 @@ NEAR_MISSES = {
     ("TMAGUARD_OVERLAY", "on"): "TMAGUARD_OVERLAY=auto",
     ("TMAGUARD_OVERLAY", "0"): "TMAGUARD_OVERLAY=off",
     ("TMAGUARD_OVERLAY", "false"): "TMAGUARD_OVERLAY=off",
+    ("TMAGUARD_MEMORY", "auto"): "TMAGUARD_MEMORY=fit",
+    ("TMAGUARD_MEMORY", "0"): "TMAGUARD_MEMORY=off",
 }
 _FIELD_OF = {
     "TMAGUARD_MODE": "mode",
     "TMAGUARD_STRICT": "strict",
     "TMAGUARD_GEMM": "gemm",
     "TMAGUARD_OVERLAY": "overlay",
+    "TMAGUARD_MEMORY": "memory",
     "TMAGUARD_LOG_FORMAT": "log_format",
     "TMAGUARD_TRACE": "trace",
     "TMAGUARD_ROOT": "root",
@@ -187,6 +199,7 @@ def parse_toggles(environ: Mapping[str, str]) -> Toggles:
         strict=_choice(environ, "TMAGUARD_STRICT") == "1",
         gemm=_choice(environ, "TMAGUARD_GEMM"),
         overlay=_choice(environ, "TMAGUARD_OVERLAY"),
+        memory=_choice(environ, "TMAGUARD_MEMORY"),
         log_format=_choice(environ, "TMAGUARD_LOG_FORMAT"),
         trace=_choice(environ, "TMAGUARD_TRACE") == "1",
         root=_directory(environ, "TMAGUARD_ROOT", "/", must_exist=True),

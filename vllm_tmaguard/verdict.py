@@ -28,21 +28,23 @@ from typing import Any
 from . import __version__
 from .files import default_record_dir, observe, private_problem, read_private_json, write_private
 from .issue import Issued, issue
-from .launch import config_path, eager_flag
+from .launch import config_path, eager_flag, is_server, memory_settings
 from .line import level_of, render
 from .process import (
     LIBRARY_PATH,
+    add_arg,
     answering,
     block_import,
     find_package_dir,
     load_library,
     mapped_named,
+    module_run,
     read_loaded_objects,
     split_library_path,
 )
 
 CACHE_FILE = "verdicts.json"
-_CACHE_FORMAT = 2  # 2: the record document alone (the line is rendered from it), inputs as read, ctime
+_CACHE_FORMAT = 3  # 3: flags added to the command line; 2: the record document alone, inputs as read, ctime
 ENTRIES_KEPT = 4  # distinct process environments per pod (the API server's, its workers' after its knobs)
 
 
@@ -70,18 +72,23 @@ def observe_process(library: str, env_names: Iterable[str], env_prefixes: Iterab
         "euid": os.geteuid(),
         "python": [sys.executable, sys.version],
         "vllm": find_package_dir("vllm"),
-        "eager": _eager(sys.argv),  # routing reads it (launch.py)
+        **_command_line(sys.argv),  # eager: routing reads it (launch.py); launch: memory.py
     }
 
 
-def _eager(argv: list[str]) -> str | None:
-    """The process's eager flag; its `--config` file read (launch_file.py, PyYAML) only where one is named,
-    so that a replay's path imports neither otherwise."""
+def _command_line(argv: list[str]) -> dict[str, Any]:
+    """What the command line tells vLLM that a stage reads: its eager flag, whether the process is a vLLM
+    server's front and its memory flags. A `--config` file is read once, and only where one is named
+    (launch_file.py, PyYAML), so that a replay's path imports neither otherwise."""
+    module = module_run() if argv and argv[0] == "-m" else None
     if config_path(argv) is None:
-        return eager_flag(argv)
-    from .launch_file import process_eager_flag
+        eager, (fraction, kv_cache) = eager_flag(argv), memory_settings(argv)
+    else:
+        from .launch_file import process_settings
 
-    return process_eager_flag(argv)
+        eager, fraction, kv_cache = process_settings(argv)
+    launch = {"serve": is_server(argv, module), "fraction": fraction, "kv_cache": kv_cache}
+    return {"eager": eager, "launch": launch}
 
 
 def _loaded_as(library: str) -> list[str]:
@@ -154,6 +161,7 @@ def _shaped(entry: Any) -> bool:
             and all(isinstance(p, str) and isinstance(g, bool) for p, g, _ in redo["load"])
             and all(isinstance(k, str) and isinstance(v, str) for k, v in redo["env"].items())
             and all(isinstance(m, str) for m in redo["block"])
+            and all(isinstance(f, str) and isinstance(v, str) for f, v in redo["args"])
         )  # fmt: skip
     except (KeyError, TypeError, ValueError, AttributeError):
         return False
@@ -251,6 +259,8 @@ def redo(plan: dict[str, Any]) -> bool:
     os.environ.update(plan["env"])
     for module in plan["block"]:
         block_import(module)
+    for flag, value in plan["args"]:
+        add_arg(flag, value)
     return True
 
 

@@ -9,8 +9,9 @@
  *   nvmlInit_v2/nvmlInitWithFlags (NVML is the layer too: libnvidia-ml.so.1 is the same file) and, in
  *   master, cuGetProcAddress. A call through the empty table is a crash in the real layer; here it aborts
  *   with a line naming the entry point.
- * - The init reads $STANDIN_VCUDA_ROOT/etc/vcuda/vcuda.config (the memory quota in bytes; without it the
- *   real layer exits the process with -1, and so does this one), registers the process with the node's
+ * - The init reads $STANDIN_VCUDA_ROOT/etc/vcuda/vcuda.config (vCUDA's resource_data_t, 8240 bytes: the
+ *   quota in bytes at 8208, `enable` at 8232; without the file the real layer exits the process with -1,
+ *   and so does this one; `enable` 0 is no limit), registers the process with the node's
  *   daemon (a line in $STANDIN_VCUDA_ROOT/etc/vcuda/registrations stands for gpu-client), reads the driver
  *   version from $STANDIN_VCUDA_ROOT/proc/driver/nvidia/version and opens libcuda.so.<version> and
  *   libnvidia-ml.so.<version> by those names.
@@ -411,12 +412,18 @@ static void *g_nvml[N_NVML];
 static void layer_init(void) {
     char config[PATH_MAX];
     path_under_root(config, sizeof config, "/etc/vcuda/vcuda.config");
-    FILE *file = fopen(config, "r");
-    if (!file || fscanf(file, "%llu", &g_quota) != 1) {
+    unsigned char data[8240];
+    FILE *file = fopen(config, "rb");
+    if (!file || fread(data, 1, sizeof data, file) != sizeof data) {
         fprintf(stderr, "standin vCUDA: can't get config file path\n");
         exit(-1);
     }
     fclose(file);
+    int enable;
+    memcpy(&g_quota, data + 8208, sizeof g_quota);
+    memcpy(&enable, data + 8232, sizeof enable);
+    if (!enable)
+        g_quota = ~0ULL >> 1;
     register_with_daemon();
 
     char version[64], name[128];

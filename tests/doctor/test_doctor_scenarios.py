@@ -154,7 +154,7 @@ def test_lupine_rtx4090(pods, doctor) -> None:
     (layer,) = report["layers"]
     assert layer == {
         "name": "lupine", "label": "lupine (GPU over the network)", "evidence": ["env LUPINE_SERVER"],
-        "remote": True,
+        "remote": True, "conditions": [],
     }  # fmt: skip
     assert report["libcuda"]["real_driver"] is None
     assert run.finding("known-lupine-no-local-driver")["severity"] == "info"

@@ -288,7 +288,11 @@ class Server:
     """One pod's `vllm serve`, in a process group of its own (a fresh process tree)."""
 
     def __init__(self, name: str, port: int, cores: set[int] | None) -> None:
-        shape, extra, what, *flags = PODS[name]
+        base, _, fraction = name.partition("@")  # POD@0.85: the pod with --gpu-memory-utilization 0.85
+        shape, extra, what, *flags = PODS[base]
+        if fraction:
+            flags = [(*(flags[0] if flags else ()), "--gpu-memory-utilization", fraction)]
+            what += f", --gpu-memory-utilization {fraction}"
         self.name, self.port = name, port
         self.out = STATE / "results" / name
         self.out.mkdir(parents=True)

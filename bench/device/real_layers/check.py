@@ -44,6 +44,50 @@ def quota() -> dict:
     }
 
 
+def memory() -> dict:
+    """What the layer counts inside its limit, stage by stage (issue 32): the device's used memory as
+    cudaMemGetInfo shows it (total - free) and what PyTorch's allocator holds, after the CUDA context, a
+    cuBLAS GEMM (its workspace), and a captured CUDA graph (its pool); NVML's view of the device beside it."""
+    import torch
+
+    stages: dict = {}
+
+    def note(stage: str) -> None:
+        torch.cuda.synchronize()
+        free, total = torch.cuda.mem_get_info()
+        stages[stage] = {
+            "used_mib": round((total - free) / 2**20),
+            "torch_reserved_mib": round(torch.cuda.memory_reserved() / 2**20),
+            "total_mib": round(total / 2**20),
+        }
+
+    torch.zeros(1, device="cuda")
+    note("context")
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.float16)
+    b = a @ a
+    note("cublas")
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            b = a @ a
+    torch.cuda.current_stream().wait_stream(stream)
+    with torch.cuda.graph(graph):
+        b = a @ a + 1
+    graph.replay()
+    note("graph")
+    del b
+    result: dict = {"stages": stages}
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        info = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0))
+        result["nvml_mib"] = {"total": round(info.total / 2**20), "used": round(info.used / 2**20)}
+    except Exception as error:  # NVML is not everywhere (and is the layer under vCUDA): a result too
+        result["nvml_error"] = f"{type(error).__name__}: {error}"[:200]
+    return result
+
+
 def matmul() -> dict:
     import torch
 
@@ -166,6 +210,7 @@ def bindings() -> dict:
 STEPS = {
     "bindings": bindings,
     "quota": quota,
+    "memory": memory,
     "torch": matmul,
     "cublaslt": cublaslt,
     "half": half,
