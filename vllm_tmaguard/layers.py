@@ -5,14 +5,17 @@ of a layer's socket), the environment. A layer is named only on evidence from th
 libcuda.so.1 (its SONAME, its exports) or from what the loader preloads; files and variables alone are not
 enough (a bare driver in an image that once had /etc/vcuda is no vCUDA pod), with one exception: KubeShare's
 hook, mounted at its fixed path with the pod manager's variable, in a debug copy of a pod whose preload was
-taken out (the preload kills every process on glibc >= 2.34, the doctor's included). A libcuda.so.1 that
-lacks what every real driver of its era exports, with no layer named, is an unrecognized layer.
+taken out (the preload kills every process on glibc >= 2.34, the doctor's included); and the variables the
+container runtime or the loader acts on (KAI's fraction, NVIDIA's memory limit, LD_AUDIT: docs/design.md
+§2.10). A libcuda.so.1 that lacks what every real driver of its era exports, with no layer named, is an
+unrecognized layer.
 
 Each layer carries its commit family where its exports tell it (the metering table, metering.py, is per
 family) and the conditions found beside it (codes: a daemon's socket missing, a hook this glibc cannot
 load)."""
 
 import os
+import re
 from collections.abc import Mapping
 from typing import NamedTuple
 
@@ -35,6 +38,10 @@ LABELS = {
     "mps": "NVIDIA MPS",
     "unrecognized": "an unrecognized GPU-sharing layer",
     "vcuda-bypassed": "tkestack vCUDA (bypassed)",
+    "tensor-fusion": "TensorFusion (its soft limiter)",
+    "kai-fraction": "a KAI Scheduler GPU fraction (memory not enforced)",
+    "nvidia-memory-limit": "an NVIDIA GPU memory limit (the container toolkit's CDI hook)",
+    "ld-audit": "an LD_AUDIT library (the loader's audit interface can rebind libcuda.so.1's symbols)",
 }
 # Layers that are the process's libcuda.so.1 (the others are preloaded in front of NVIDIA's, or beside it).
 OWNS_LIBCUDA = frozenset({"vcuda", "vcuda-fork", "lupine"})
@@ -71,6 +78,7 @@ _PRELOADS = {
     "libvgpu-control.so": "vgpu-manager",
     "libnvshare.so": "nvshare",
     "libgemhook.so.1": "kubeshare",
+    "libcuda_limiter.so": "tensor-fusion",  # NexusGPU/tensor-fusion 3e0a490 pkg/constants/env.go
 }
 
 
@@ -107,6 +115,8 @@ ENV_PREFIXES = (
     "CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT", "LUPINE_SERVER", "ALIYUN_COM_GPU_MEM_",
     "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "CUDA_MEM_LIMIT_", "CUDA_CORE_LIMIT_",
     "MANAGER_VISIBLE_DEVICES", "POD_MANAGER_PORT", "CUDA_MEM_OVERSOLD", "CUDA_MEM_RATIO",
+    "CUDA_DEVICE_MEMORY_SHARED_CACHE", "CONTAINER_VGPU_MOUNT", "GPU_PORTION", "RUNAI_NUM_OF_GPUS",
+    "NVIDIA_GPU_MEMORY_", "TF_ISOLATION_MODE", "LD_AUDIT",
 )  # fmt: skip
 
 
@@ -300,7 +310,7 @@ def detect_layers(evidence: PodEvidence, cuda_driver_version: int | None = None)
     """Every layer with enough evidence, the one that owns libcuda.so.1 first. `cuda_driver_version`: what
     the running kernel module supports; a libcuda.so.1 lacking CUDA 12's entry points under a module older
     than CUDA 12 is that old driver, not a layer."""
-    found = (_vcuda, _lupine, _hami, _vgpu_manager, _nvshare, _kubeshare)
+    found = (_vcuda, _lupine, _hami_injected, _vgpu_manager, _nvshare, _kubeshare, _tensor_fusion)
     layers = [layer for layer in (probe(evidence) for probe in found) if layer is not None]
     if cgpu := _env_matches(evidence.environ, ("ALIYUN_COM_GPU_MEM_",)):
         layers.append(Layer("cgpu", tuple(cgpu)))
@@ -308,6 +318,7 @@ def detect_layers(evidence: PodEvidence, cuda_driver_version: int | None = None)
         evidence.environ, ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
     ):
         layers.append(Layer("mps", tuple(mps)))
+    layers += [layer for layer in (probe(evidence) for probe in BY_VARIABLES) if layer is not None]
     libcuda = evidence.libcuda
     owns_libcuda = any(layer.name in OWNS_LIBCUDA for layer in layers)
     old_driver = cuda_driver_version is not None and cuda_driver_version < 12000
@@ -317,3 +328,71 @@ def detect_layers(evidence: PodEvidence, cuda_driver_version: int | None = None)
             why = f"lacks {', '.join(lacking)}" if lacking else f"has SONAME {libcuda.soname}"
             layers.insert(0, Layer("unrecognized", (f"{os.path.basename(libcuda.path)} {why}",)))
     return tuple(layers)
+
+
+# The layers of 2026 (docs/design.md §2.10, docs/research/sharing_layers_2026.md).
+# Who put HAMi-core's preload there, from the variables each injector sets beside it.
+HAMI_INJECTORS = {
+    "kai-resource-isolator": "KAI Scheduler's resource isolator (its webhook)",
+    "hami-dra": "HAMi's DRA driver (CDI)",
+    "hami-device-plugin": "HAMi's device plugin",
+}
+_DRA_CACHE_DIR = "/vgpu/claims/"  # the DRA driver's shared cache: /usr/local/vgpu/claims/<claim>/<uuid>.cache
+# The toolkit's apply-cuda-memory-limits hook applies nothing unless it finds a request and a limit.
+NVIDIA_MEMORY_REQUEST = ("NVIDIA_GPU_MEMORY_REQUEST", "NVIDIA_GPU_MEMORY_REQUESTS")
+NVIDIA_MEMORY_LIMIT = ("NVIDIA_GPU_MEMORY_LIMIT", "NVIDIA_GPU_MEMORY_LIMITS")
+KAI_FRACTION_VARIABLES = ("GPU_PORTION", "RUNAI_NUM_OF_GPUS")  # KAI sets both on a fraction's container
+def hami_injector(environ: Mapping[str, str]) -> str | None:
+    """Which system injected HAMi-core (a key of HAMI_INJECTORS); None where its variables do not tell."""
+    if environ.get("CONTAINER_VGPU_MOUNT", "").strip():
+        return "kai-resource-isolator"
+    cache = environ.get("CUDA_DEVICE_MEMORY_SHARED_CACHE", "").strip()
+    if _DRA_CACHE_DIR in cache or any(re.fullmatch(r"CUDA_DEVICE_SM_LIMIT_\d+", name) for name in environ):
+        return "hami-dra"  # one SM limit per device, where HAMi's device plugin sets one for all
+    return "hami-device-plugin" if cache else None
+
+
+def _hami_injected(evidence: PodEvidence) -> Layer | None:
+    layer = _hami(evidence)
+    if layer is None or (injector := hami_injector(evidence.environ)) is None:
+        return layer
+    return layer._replace(evidence=(*layer.evidence, f"injected by {HAMI_INJECTORS[injector]}"))
+
+
+def _tensor_fusion(evidence: PodEvidence) -> Layer | None:
+    """TensorFusion's soft limiter, preloaded: the real libcuda.so.1 stays, patched in memory."""
+    entries = _preloaded_as(evidence, "tensor-fusion")
+    said = [f"preloads {e}" for e, _ in entries] + _env_matches(evidence.environ, ("TF_ISOLATION_MODE",))
+    return Layer("tensor-fusion", tuple(said)) if entries else None
+
+
+def _set(environ: Mapping[str, str], names: tuple[str, ...]) -> list[str]:
+    return [f"env {name}" for name in names if environ.get(name, "").strip()]
+
+
+def _nvidia_memory_limit(evidence: PodEvidence) -> Layer | None:
+    """Named by its variables, the only input of the toolkit's hook, which fails the container's start where
+    it cannot apply them: in a running container, a limit the driver holds (or no hook was installed)."""
+    environ = evidence.environ
+    request, limit = _set(environ, NVIDIA_MEMORY_REQUEST), _set(environ, NVIDIA_MEMORY_LIMIT)
+    return Layer("nvidia-memory-limit", (*request, *limit)) if request and limit else None
+
+
+def _kai_fraction(evidence: PodEvidence) -> Layer | None:
+    """KAI's non-enforced fraction: both its variables, and no limiter of its other modes beside them
+    (HAMi-core preloaded by its isolator, the NVIDIA memory limit NvFractions injects)."""
+    said = _set(evidence.environ, KAI_FRACTION_VARIABLES)
+    limited = _preloaded_as(evidence, "hami") or _nvidia_memory_limit(evidence)
+    complete = len(said) == len(KAI_FRACTION_VARIABLES)
+    return Layer("kai-fraction", tuple(said)) if complete and not limited else None
+
+
+def _ld_audit(evidence: PodEvidence) -> Layer | None:
+    """What the loader loads through its audit interface: it sees every binding and library search,
+    libcuda.so.1's too (HAMi interposes this way on AMD GPUs)."""
+    entries = [e.strip() for e in evidence.environ.get("LD_AUDIT", "").split(":") if e.strip()]
+    return Layer("ld-audit", tuple(f"LD_AUDIT loads {e}" for e in entries)) if entries else None
+
+
+# Named from variables the loader or the container runtime acts on, after the layers named by their files.
+BY_VARIABLES = (_kai_fraction, _nvidia_memory_limit, _ld_audit)

@@ -42,10 +42,10 @@ _VCUDA_MEMORY_AT, _VCUDA_ENABLE_AT, _VCUDA_SIZE = 8208, 8232, 8240
 _HAMI = "CUDA_DEVICE_MEMORY_LIMIT"  # HAMi-core: bytes, or a number with k/m/g (get_limit_from_env)
 _VGPU_MANAGER = "CUDA_MEM_LIMIT_"  # vgpu-manager: CUDA_MEM_LIMIT_<i>, e.g. 8192m
 _MPS_PINNED = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"  # MPS: "0=8G,1=4G" or "8G" (every device)
-ENV_NAMES = (_MPS_PINNED,)
-# Layers that share a GPU without enforcing a memory limit: vLLM's default takes the whole GPU from the
-# others (nvshare swaps managed memory instead; MPS without a pinned limit; cGPU's isolation is its own).
-UNENFORCED = frozenset({"nvshare", "mps"})
+# NVIDIA's container toolkit CDI hook: the driver enforces it (NVML SetMemoryLimits), docs/design.md §2.10
+_NVIDIA_LIMITS = ("NVIDIA_GPU_MEMORY_LIMIT", "NVIDIA_GPU_MEMORY_LIMITS")
+GIVEN_PORTION = "GPU_PORTION"  # KAI Scheduler's fraction of a GPU (not enforced)
+ENV_NAMES = (_MPS_PINNED,)  # GPU_PORTION and NVIDIA_GPU_MEMORY_* are layers.ENV_PREFIXES
 
 
 class MemoryLimit(NamedTuple):
@@ -118,6 +118,8 @@ def env_limit(environ: Mapping[str, str]) -> MemoryLimit | None:
             size = parse_size(value)
         elif name == _MPS_PINNED:
             size = _mps_limit(value)
+        elif name in _NVIDIA_LIMITS:
+            size = parse_size(value)
         if size:
             found.append(MemoryLimit(size, f"{name}={value}"))
     return min(found, default=None)
@@ -153,7 +155,7 @@ def read_limit(environ: Mapping[str, str], root: str, layer_names: frozenset[str
         quota = vcuda_quota(root)
         if quota:
             return MemoryLimit(quota, f"{VCUDA_CONFIG} ({quota} bytes)")
-    if layer_names & {"hami", "vgpu-manager", "mps"}:
+    if layer_names & {"hami", "vgpu-manager", "mps", "nvidia-memory-limit"}:
         return env_limit(environ)
     return None
 
@@ -183,10 +185,12 @@ def plan_memory(
     flags: MemoryFlags,
     unenforced: tuple[str, ...],
     setting: str,
+    portion: str | None = None,
 ) -> MemoryPlan:
     """What to say and do about vLLM's memory fraction. `unenforced`: the labels of layers found sharing the
-    GPU without a memory limit; `setting`: TMAGUARD_MEMORY (fit: set the fraction where vLLM's default cannot
-    start; warn: say so only; off: nothing). Order of the decisions: a --kv-cache-memory-bytes budget wins
+    GPU without a memory limit; `portion`: the share of the GPU the pod was given, where it says; `setting`:
+    TMAGUARD_MEMORY (fit: set the fraction where vLLM's default cannot start; warn: say so only; off:
+    nothing). Order of the decisions: a --kv-cache-memory-bytes budget wins
     over any fraction (vLLM sizes the cache from it), so nothing is said; under an enforced limit a user's
     fraction above what fits is a warning with the value that fits, vLLM's default above it is set to it
     (fit) or warned about (warn); under sharing that enforces nothing, vLLM's default takes the whole GPU."""
@@ -221,14 +225,18 @@ def plan_memory(
         else:
             set_to = fits
     elif limit is None and unenforced and not by_user:
+        share = (
+            f"below {portion} (the share this pod was given, {GIVEN_PORTION})"
+            if portion
+            else f"to this pod's share of the GPU, less {_gib(HEADROOM)} (e.g. 0.45 for half a GPU)"
+        )
         problems.append(
             Problem(
                 MEMORY_UNENFORCED,
                 cause=f"{' and '.join(unenforced)} shares the GPU with no memory limit, and vLLM takes "
                 f"{VLLM_DEFAULT_FRACTION} of the whole GPU by default",
                 consequence="the pods sharing the GPU find it full (their allocations fail, or swap)",
-                fix=f"{FRACTION_FLAG} set to the share of the GPU this pod was given, less "
-                f"{_gib(HEADROOM)} (e.g. 0.45 for half a GPU)",
+                fix=f"{FRACTION_FLAG} set {share}",
                 subject=FRACTION_FLAG,
             )
         )

@@ -175,7 +175,28 @@ TABLES: dict[tuple[str, str | None], Metering] = {
         ),
         (METERS_NOTHING_CUDA12,),
     ),
+    # Nothing interposes: KAI sets the fraction's variables and schedules; no entry point is metered.
+    ("kai-fraction", None): Metering(
+        "kai-scheduler/KAI-Scheduler d5bc503 (non-enforced fractions)", (), (NO_QUOTA,)
+    ),
 }
+
+
+# Layers that share a GPU and limit no device memory (each process sees the whole GPU: vLLM's
+# --gpu-memory-utilization takes its share of all of it), and layers that limit it (a quota their hooks
+# meter, or the driver's own limit). The memory-limit warning reads memory_unlimited.
+ENFORCES_NO_MEMORY_LIMIT = frozenset({"kai-fraction", "nvshare", "mps"})
+LIMITS_MEMORY = frozenset(
+    {"vcuda", "vcuda-fork", "hami", "vgpu-manager", "cgpu", "tensor-fusion", "nvidia-memory-limit"}
+)
+
+
+def memory_unlimited(layers: tuple[Layer, ...]) -> tuple[Layer, ...]:
+    """The layers sharing the GPU while nothing limits its memory (of ENFORCES_NO_MEMORY_LIMIT, with none of
+    LIMITS_MEMORY beside them); () where memory is limited or the GPU is not shared."""
+    if any(layer.name in LIMITS_MEMORY for layer in layers):
+        return ()
+    return tuple(layer for layer in layers if layer.name in ENFORCES_NO_MEMORY_LIMIT)
 
 
 def metering_of(layer: Layer) -> Metering | None:

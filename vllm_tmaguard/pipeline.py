@@ -35,8 +35,8 @@ from .inputs import ENV_NAMES, ENV_PREFIXES, watched_environ
 from .issue import Issued, issue
 from .layers import LABELS
 from .line import log
-from .memory import FRACTION_FLAG, UNENFORCED, MemoryFlags, MemoryPlan, plan_memory, read_limit
-from .metering import layer_problems
+from .memory import FRACTION_FLAG, GIVEN_PORTION, MemoryFlags, MemoryPlan, plan_memory, read_limit
+from .metering import layer_problems, memory_unlimited
 from .outcomes import Action, Problem
 from .record import Record, assemble
 from .redaction import MIN_SECRET, shows_redaction
@@ -175,10 +175,11 @@ def _launch(
     """What vLLM is started with that the layer cannot take: its memory fraction under the layer's limit
     (memory.py), its compat switch under a layer that replaces libcuda.so.1 (compat.py); done where auto."""
     names = frozenset(layer.name for layer in facts.layers if BYPASSED not in layer.conditions)
-    unenforced = tuple(layer.label for layer in facts.layers if layer.name in UNENFORCED)
+    unenforced = tuple(layer.label for layer in memory_unlimited(facts.layers))
     flags = MemoryFlags(launch["fraction"], launch["kv_cache"], launch["serve"])
     limit = read_limit(facts.environ, toggles.root, names)
-    memory = plan_memory(limit, flags, unenforced, toggles.memory)
+    portion = facts.environ.get(GIVEN_PORTION)
+    memory = plan_memory(limit, flags, unenforced, toggles.memory, portion)
     compat = plan_compat(facts.environ, tuple((layer.name, layer.label) for layer in facts.layers), apply)
     args = ((FRACTION_FLAG, memory.set_to),) if memory.set_to else ()
     return memory, apply_launch(compat.env, args, apply), (*memory.problems, *compat.problems)

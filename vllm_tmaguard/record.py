@@ -80,9 +80,8 @@ class Record(NamedTuple):
             first = next((p for p in self.problems if p.code.startswith("driver")), None)
             return f"{who}: {first.cause}" if first else f"{who}: libcuda.so.1 has every entry point needed"
         more = f" and {len(self.lacking) - 1} more" if len(self.lacking) > 1 else ""
-        verb = {SUPPLIED: "supplied" if taken else "would be supplied", WOULD_SUPPLY: "would be supplied"}.get(
-            self.outcome, "not all supplied"
-        )
+        verbs = {SUPPLIED: "supplied" if taken else "would be supplied", WOULD_SUPPLY: "would be supplied"}
+        verb = verbs.get(self.outcome, "not all supplied")
         return f"{who}: libcuda.so.1 lacks {self.lacking[0]}{more}; {verb}"
 
     def to_json(self) -> dict[str, Any]:
