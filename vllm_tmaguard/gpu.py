@@ -25,6 +25,7 @@ class Gpu(NamedTuple):
     bus_id: str = ""
     mig: bool | None = None  # NVML only (the doctor's child process); None: not asked or not supported
     virtualization: str | None = None  # NVML only: none, pass-through, vgpu, host-vgpu, ...
+    memory_total: int | None = None  # NVML only: the device's memory as NVML reports it (layers may clamp)
 
 
 class GpuFacts(NamedTuple):

@@ -69,6 +69,11 @@ class Nvml:
         self._call("nvmlDeviceGetVirtualizationMode", handle, ctypes.byref(mode))
         return mode.value
 
+    def memory_total(self, handle: ctypes.c_void_p) -> int:
+        memory = (ctypes.c_ulonglong * 3)()  # nvmlMemory_t: total, free, used
+        self._call("nvmlDeviceGetMemoryInfo", handle, memory)
+        return int(memory[0])
+
     def driver_version(self) -> str:
         buffer = ctypes.create_string_buffer(96)
         self._call("nvmlSystemGetDriverVersion", buffer, ctypes.c_uint(len(buffer)))
@@ -107,6 +112,7 @@ def probe_with_nvml(library: str = "libnvidia-ml.so.1") -> GpuFacts:
                     compute_capability=nvml.compute_capability(handle),
                     mig=None if mig is None else bool(mig),
                     virtualization=None if virt is None else _VIRTUALIZATION_MODES.get(virt, str(virt)),
+                    memory_total=_optional(nvml.memory_total, handle),
                 )
             )
         driver = _optional(nvml.driver_version)

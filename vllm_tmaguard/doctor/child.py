@@ -77,12 +77,24 @@ def _library_of(function: Any) -> str | None:
     return info.fname.decode() if found and info.fname else None
 
 
+def _memory_shown(cuda: ctypes.CDLL) -> dict[str, int] | None:
+    """cuMemGetInfo's free and total with a context current: what vLLM sizes itself from (a layer that
+    enforces a limit shows the limit as the total)."""
+    free, total = ctypes.c_size_t(), ctypes.c_size_t()
+    try:
+        code = cuda.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total))
+    except AttributeError:
+        return None
+    return {"free": free.value, "total": total.value} if code == 0 else None
+
+
 def binding_check() -> dict[str, Any]:
     result: dict[str, Any] = {
         "steps": [],
         "encode": None,
         "bound_from": None,
         "shim_source": None,
+        "memory": None,
         "error": None,
     }
     try:
@@ -104,6 +116,7 @@ def binding_check() -> dict[str, Any]:
             call("cuDevicePrimaryCtxRetain", ctypes.byref(context), device),
         )
         step(result, "cuCtxSetCurrent", call("cuCtxSetCurrent", context))
+        result["memory"] = _memory_shown(cuda)
         step(result, "cuMemAlloc_v2", call("cuMemAlloc_v2", ctypes.byref(pointer), ctypes.c_size_t(1 << 20)))
     except Stop:
         return result

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from . import active, architectures, gaps, guard, layers, platform
+from . import active, architectures, gaps, guard, layers, memory, platform
 from .base import PROBLEMS, SEVERITIES
 
 
@@ -33,6 +33,7 @@ def diagnose(report: dict[str, Any]) -> list[dict[str, Any]]:
         + layers.layer_detail_findings(report)
         + gaps.gap_findings(report)
         + guard.decision_findings(report)
+        + memory.memory_findings(report)
         + architectures.arch_findings(report)
         + guard.guard_findings(report)
         + active.active_findings(report)
