@@ -58,6 +58,7 @@ MAX_TOKENS = 64
 # (logprobs on the common prefix far from bare's).
 LOGPROBS = int(os.environ.get("E2E_LOGPROBS", "0"))
 
+COMPAT_ON = {"VLLM_ENABLE_CUDA_COMPATIBILITY": "1", "VLLM_CUDA_COMPATIBILITY_PATH": "/tmp/compat"}
 # pod: (layer shape or None for the bare driver, extra environment, what it is). "real:POD" is a real layer
 # built from its source, in its device plugin's layout (bench/device/real_layers/pod.sh).
 PODS = {
@@ -90,6 +91,15 @@ PODS = {
         ("--dtype", "float32"),
     ),
     "a32": (None, {}, "bare, --dtype float32 (lupine's reference)", ("--dtype", "float32")),
+    # vLLM's compat switch on, its directory a copy of the driver's own files (issue 32): made by launch.sh.
+    "vm-compat": (
+        "real:vcuda-master", COMPAT_ON,
+        "tkestack vCUDA master (8 GiB quota), VLLM_ENABLE_CUDA_COMPATIBILITY=1, guard installed",
+    ),
+    "fork-compat": (
+        "real:vcuda-fork", COMPAT_ON,
+        "the vCUDA fork (8 GiB quota), VLLM_ENABLE_CUDA_COMPATIBILITY=1, guard installed",
+    ),
 }
 
 
