@@ -21,9 +21,12 @@ TOGGLE_INVALID = "toggle-invalid"
 TOGGLE_UNKNOWN = "toggle-unknown"  # a TMAGUARD_* variable that is not a toggle (a typo of one)
 ROUTING_OVERRIDE = "routing-override"  # a user setting the guard had to override
 ROUTING_IMPOSSIBLE = "routing-impossible"  # the user insists on what cannot be had (stops start-up)
+DRIVER_TOO_OLD = "driver-too-old"  # the NVIDIA driver predates the CUDA runtime torch and vLLM were built for
 
 # Problems after which no CUDA call succeeds in the pod (the doctor never calls TMA usable beside one).
-CUDA_BROKEN = frozenset({LOOKUP_SWAPPED, LAYER_DAEMON_MISSING, LAYER_CANNOT_LOAD})
+CUDA_BROKEN = frozenset({LOOKUP_SWAPPED, LAYER_DAEMON_MISSING, LAYER_CANNOT_LOAD, DRIVER_TOO_OLD})
+# Problems the log line says at ERROR: vLLM cannot start here, whatever the guard supplies.
+LOGGED_AS_ERROR = frozenset({DRIVER_TOO_OLD})
 
 # Outcome values: what an operator filters on (and fleet metrics count).
 NO_GPU = "no-gpu"  # no GPU and no libcuda.so.1: nothing to do

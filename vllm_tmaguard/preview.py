@@ -12,6 +12,7 @@ from .gpu import GpuFacts, probe_gpus
 from .metering import layer_problems
 from .record import Record, assemble
 from .routing import RoutePlan, plan_routing_after
+from .runtime_cuda import driver_problems
 from .supply import SupplyPlan, plan_supply
 from .toggles import Toggles
 
@@ -36,6 +37,7 @@ def preview_all(
     supplied, supply_problems = apply_supply(supply.supplies, facts.driver.path or "", None, apply=False)
     routed, routing_problems = apply_routing(route.routing, apply=False) if route else ((), ())
     problems = (
+        *driver_problems(facts, gpus),  # the driver cannot run torch's and vLLM's CUDA: nothing works
         *layer_problems(facts.layers), *supply.problems, *supply_problems, *routing_problems,
         *(route.problems if route else ()),
     )  # fmt: skip

@@ -66,6 +66,8 @@ class Record(NamedTuple):
             return "no GPU and no libcuda.so.1: nothing to do"
         if self.outcome == NO_VLLM:
             return f"{who}: vLLM is not installed, nothing to check"
+        if any(p.code == codes.DRIVER_TOO_OLD for p in self.problems):  # whatever was supplied, vLLM fails
+            return f"{who}: driver too old for vLLM's CUDA runtime, CUDA cannot initialise"
         if not self.lacking and self.replaced:
             verb = "the overlay answers" if self.outcome == SUPPLIED else "the overlay would answer"
             return f"{who}: its look-ups hand out legacy ABIs; {verb} them"
