@@ -54,6 +54,9 @@ GPU_OF_CAPABILITY = {
 }
 
 OLD_VLLM_VERSION = "0.6.6.post1"
+# The pods' NVIDIA driver: an R580 one, which runs the CUDA 13 torch and vLLM of the test environment (an
+# older one is a pod where vLLM cannot initialise CUDA: vllm_tmaguard/runtime_cuda.py).
+DEFAULT_DRIVER = "580.95.05"
 
 CFLAGS = ["-O2", "-fPIC", "-shared", "-Wall", "-Werror"]
 # Exported functions bind to themselves (cuGetProcAddress hands out their
@@ -383,7 +386,7 @@ def build_pod(
     *,
     gpu_name: str | None = None,
     cc: str = "8.9",
-    driver: str = "550.142",
+    driver: str = DEFAULT_DRIVER,
     gpu_count: int = 1,
     quota: int = VCUDA_QUOTA,
     vcuda_config: bool = True,

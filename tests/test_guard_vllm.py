@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from podkit import expected_descriptor, write_gpus
+from podkit import DEFAULT_DRIVER, expected_descriptor, write_gpus
 
 # The guard's activation as vLLM's import hook runs it, without the rest of vLLM's start-up: for a test about
 # the guard's line or record alone (a vLLM start costs seconds of CPU; the tests about vLLM start it).
@@ -270,7 +270,7 @@ def test_sm90_with_forwarded_encoder_has_usable_tma(pods, run_python) -> None:
     run = run_python(pods("vcuda", gpu_name="NVIDIA H100 80GB HBM3", cc="9.0"), GUARD_ONLY)
     record = run.last_record()
     real = record["libcuda"]["real_driver"]
-    assert real.endswith("/usr/local/nvidia/lib64/libcuda.so.550.142")
+    assert real.endswith(f"/usr/local/nvidia/lib64/libcuda.so.{DEFAULT_DRIVER}")
     assert record["tma"] == {
         "usable": True,
         "reason": f"cuTensorMapEncodeTiled from the real driver the layer loads ({real})",

@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from podkit import write_gpus
+from podkit import DEFAULT_DRIVER, write_gpus
 from test_guard_vllm import DRIVER_CALLS, RESOLVE_PLATFORM
 
 # What differs between two processes' records of one verdict.
@@ -78,7 +78,7 @@ def _touch_driver(pod) -> dict[str, str]:
 
 def _other_gpu(pod) -> dict[str, str]:
     shutil.rmtree(pod.root / "proc")
-    write_gpus(pod.root, "NVIDIA GeForce RTX 4090", "550.142", 1)
+    write_gpus(pod.root, "NVIDIA GeForce RTX 4090", DEFAULT_DRIVER, 1)
     return {}
 
 

@@ -125,5 +125,7 @@ def test_every_input_of_the_full_run_is_watched(pods, run_python, kind, env) -> 
     ]
     missing = sorted({(op, path) for op, path in inputs if path not in watched_paths})
     assert missing == [], "\n".join(map(str, missing))
+    if kind != "nogpu":  # the CUDA torch was built for (runtime_cuda.py): a .py, which the above exempts
+        assert str(Path(find_package_dir("torch")) / "version.py") in watched_paths
     listed = {path for op, path in inputs if op == "list"}
     assert {p for p in listed if ("list", p) not in observed and ("stat", p) not in observed} == set()

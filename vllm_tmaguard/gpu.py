@@ -63,8 +63,11 @@ GPU_FAMILIES: tuple[tuple[str, tuple[int, int]], ...] = (
     (r"\bV100\b|TITAN V\b", (7, 0)),
 )
 
-# The first Linux driver of each CUDA release (NVIDIA's CUDA toolkit release notes).
+# The first Linux x86_64 driver of each CUDA release: NVIDIA's CUDA toolkit release notes, "CUDA Toolkit and
+# Corresponding Driver Versions" (docs/design.md §2.12). A driver supports every CUDA release up to the newest
+# listed at or below it, e.g. 470.57.02 -> 11.4.
 _FIRST_DRIVER_OF_CUDA = (
+    ((590, 44, 1), 13010),
     ((580, 65, 6), 13000),
     ((575, 51, 3), 12090),
     ((570, 26, 0), 12080),
@@ -76,7 +79,17 @@ _FIRST_DRIVER_OF_CUDA = (
     ((530, 30, 2), 12010),
     ((525, 60, 13), 12000),
     ((520, 61, 5), 11080),
-    ((450, 80, 2), 11000),
+    ((515, 43, 4), 11070),
+    ((510, 39, 1), 11060),
+    ((495, 29, 5), 11050),
+    ((470, 42, 1), 11040),
+    ((465, 19, 1), 11030),
+    ((460, 27, 3), 11020),
+    ((455, 23, 0), 11010),
+    ((450, 51, 5), 11000),
+    ((440, 33, 0), 10020),
+    ((418, 39, 0), 10010),
+    ((410, 48, 0), 10000),
 )
 _DRIVER_VERSION = re.compile(r"\b(\d+\.\d+(?:\.\d+)?)\b")
 _PROC = "/proc/driver/nvidia"
@@ -87,14 +100,24 @@ def capability_of(name: str) -> tuple[int, int] | None:
     return next((cc for pattern, cc in GPU_FAMILIES if re.search(pattern, name)), None)
 
 
-def cuda_version_of_driver(driver: str | None) -> int | None:
-    """The newest CUDA version a driver supports, e.g. '550.142' -> 12040; None if unparsable or older."""
+def driver_tuple(driver: str | None) -> tuple[int, int, int] | None:
+    """'535.54.03' -> (535, 54, 3), '550.142' -> (550, 142, 0); None if unparsable."""
     try:
         parts = tuple(int(p) for p in (driver or "").split("."))
     except ValueError:
         return None
-    padded = (*parts, 0, 0, 0)[:3]
-    return next((cuda for first, cuda in _FIRST_DRIVER_OF_CUDA if padded >= first), None) if parts else None
+    if not 1 <= len(parts) <= 3:
+        return None
+    major, minor, patch = (*parts, 0, 0)[:3]
+    return major, minor, patch
+
+
+def cuda_version_of_driver(driver: str | None) -> int | None:
+    """The newest CUDA version a driver supports, e.g. '550.142' -> 12040; None if unparsable or older."""
+    version = driver_tuple(driver)
+    if version is None:
+        return None
+    return next((cuda for first, cuda in _FIRST_DRIVER_OF_CUDA if version >= first), None)
 
 
 def parse_driver_version(text: str) -> str | None:

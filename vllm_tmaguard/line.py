@@ -11,7 +11,7 @@ import os
 import sys
 from typing import Any
 
-from .codes import LOAD_OVERLAY, LOAD_SHIM, NO_GPU, RECORD_DIR_REFUSED, SET_ARG
+from .codes import LOAD_OVERLAY, LOAD_SHIM, LOGGED_AS_ERROR, NO_GPU, RECORD_DIR_REFUSED, SET_ARG
 
 logger = logging.getLogger("vllm_tmaguard")
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
@@ -87,9 +87,12 @@ def caveat_parts(document: dict[str, Any]) -> list[str]:
 
 
 def level_of(document: dict[str, Any]) -> str:
-    """warning: a problem (a bad toggle too, even on a machine without a GPU), a path no knob reaches or a
-    layer's warning-level caveat; debug: nothing to do here; else info."""
+    """error: vLLM cannot start here (codes.LOGGED_AS_ERROR); warning: a problem (a bad toggle too, even on
+    a machine without a GPU), a path no knob reaches or a layer's warning-level caveat; debug: nothing to do
+    here; else info."""
     routing = document.get("routing") or {}
+    if any(problem["code"] in LOGGED_AS_ERROR for problem in document["problems"]):
+        return "error"
     if document["problems"] or routing.get("hints") or caveat_parts(document):
         return "warning"
     return "debug" if document["outcome"] == NO_GPU else "info"

@@ -41,6 +41,7 @@ from .outcomes import Action, Problem
 from .record import Record, assemble
 from .redaction import MIN_SECRET, shows_redaction
 from .routing import RoutePlan, plan_routing_after
+from .runtime_cuda import driver_problems
 from .stop import stop_for, tell_kubernetes
 from .store import RecordDir, open_record_dir
 from .supply import SupplyPlan, plan_supply
@@ -149,6 +150,7 @@ def decide(
     # What breaks vLLM first, then what concerns the guard's settings; without a GPU, no driver is none.
     unsupplied = () if not gpus.present and plan.status == "no-driver" else plan.problems
     problems = (
+        *driver_problems(facts, gpus),  # the driver cannot run torch's and vLLM's CUDA: nothing works
         *_bypassed(facts), *layer_problems(facts.layers), *launch_problems, *unsupplied,
         *_root_problem(refused), *supply_problems,
         *routing_problems, *(route.problems if route else ()), *_probe_problems(facts), *toggle_problems,

@@ -69,6 +69,8 @@ class Record(NamedTuple):
             return "no GPU and no libcuda.so.1: nothing to do"
         if self.outcome == NO_VLLM:
             return f"{who}: vLLM is not installed, nothing to check"
+        if any(p.code == codes.DRIVER_TOO_OLD for p in self.problems):  # whatever was supplied, vLLM fails
+            return f"{who}: driver too old for vLLM's CUDA runtime, CUDA cannot initialise"
         headline = next((_HEADLINES[p.code] for p in self.problems if p.code in _HEADLINES), None)
         if headline:  # what breaks vLLM on this pod before any missing symbol does
             return f"{who}: {headline}"

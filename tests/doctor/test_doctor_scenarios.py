@@ -49,7 +49,7 @@ def test_bare_metal_rtx4090_is_healthy(pods, doctor) -> None:
         "sm": "sm_89",
         "bus_id": "0000:01:00.0",
     }
-    assert report["gpu"]["driver_version"] == "550.142" and report["gpu"]["cuda_driver_version"] == 12040
+    assert report["gpu"]["driver_version"] == "580.95.05" and report["gpu"]["cuda_driver_version"] == 13000
     assert report["layers"] == []
     assert report["libcuda"]["soname"] == "libcuda.so.1" and report["libcuda"]["how"] == "LD_LIBRARY_PATH"
     assert all(row["lacks"] == [] for row in report["consumers"])
@@ -202,3 +202,30 @@ def test_rtx5070_has_no_sm90a_code_but_is_healthy(pods, doctor) -> None:
     assert extension(report, "vllm.vllm_flash_attn._vllm_fa3_C")["coverage"]["sm_120"]["verdict"] == "none"
     detail = run.finding("arch-coverage", "sm_120")["detail"]
     assert "no sm_120 code in" in detail and "vllm.vllm_flash_attn._vllm_fa3_C (sm_90a)" in detail
+
+
+def test_a_driver_too_old_for_the_cuda_13_runtime_is_an_error(pods, doctor, run_python) -> None:
+    """A bare R535 node under this environment's CUDA 13 torch and vLLM: the driver exports every entry point
+    vLLM's extensions bind, so the import works, and vLLM then fails at CUDA initialisation. The guard's
+    line says so at ERROR, first, and the record is degraded; the doctor's finding has the remedy (the
+    driver needed; vLLM's CUDA 12.9 build, which runs on R535; forward compatibility on this H100)."""
+    pod = pods("bare", driver="535.54.03", **H100)
+    run = run_python(pod, "from vllm_tmaguard.guard import activate\nactivate('import-hook')\n")
+    (line,) = run.guard_lines()
+    assert " ERROR " in line and "supplied" not in line and "has every entry point" not in line
+    assert "driver too old for vLLM's CUDA runtime" in line
+    assert "PROBLEM: NVIDIA driver 535.54.03 (up to CUDA 12.2); torch (CUDA 13.0) and vLLM" in line
+    assert "fix: upgrade the node's NVIDIA driver to 580.65.06 or newer" in line
+    record = run.last_record()
+    assert record["outcome"] == "degraded" and record["problems"][0]["code"] == "driver-too-old"
+
+    report = doctor(pod, "--json")
+    assert report.returncode == 1 and report.report["gpu"]["cuda_driver_version"] == 12020
+    found = report.finding("driver-too-old")
+    assert found["severity"] == "error" and found["subject"] == "/proc/driver/nvidia/version"
+    assert "CUDA initialisation" in found["detail"]
+    fix = found["fix"]["text"]
+    assert fix.startswith("Upgrade the node's NVIDIA driver to 580.65.06 or newer")
+    assert "vLLM 0.32.0's CUDA 12.9 build" in fix and "cuda-compat-13-0" in fix
+    assert "tma" not in report.ids("ok", "info")  # no CUDA call works: TMA is moot
+    assert report.finding("record")["severity"] == "warning"  # the guard's own record: degraded

@@ -91,11 +91,11 @@ def test_pod_layout(pods: dict[str, podkit.Pod], kind: str) -> None:
         return
     assert pod.env["STANDIN_NVML_NAME"] == "NVIDIA GeForce RTX 4090"
     proc = pod.root / "proc/driver/nvidia"
-    assert "Kernel Module  550.142 " in (proc / "version").read_text()
+    assert f"Kernel Module  {podkit.DEFAULT_DRIVER} " in (proc / "version").read_text()
     assert "Model: \t\t NVIDIA GeForce RTX 4090" in (proc / "gpus/0000:01:00.0/information").read_text()
     assert (pod.root / "dev/nvidia0").exists()
     assert pod.env["STANDIN_NVML_CC"] == "8.9"
-    assert pod.env["STANDIN_NVML_DRIVER"] == "550.142"
+    assert pod.env["STANDIN_NVML_DRIVER"] == podkit.DEFAULT_DRIVER
     assert pod.env["STANDIN_NVML_COUNT"] == "1"
 
     if kind == "lupine":
@@ -105,7 +105,7 @@ def test_pod_layout(pods: dict[str, podkit.Pod], kind: str) -> None:
         assert not list(pod.lib_dir.glob("libcuda.so.*.*"))
         return
 
-    assert pod.real_driver == pod.lib_dir / "libcuda.so.550.142"
+    assert pod.real_driver == pod.lib_dir / f"libcuda.so.{podkit.DEFAULT_DRIVER}"
     assert soname(pod.real_driver) == "libcuda.so.1"
     if kind in ("bare", "hami"):
         assert soname(cuda1) == "libcuda.so.1"
@@ -123,7 +123,7 @@ def test_pod_layout(pods: dict[str, podkit.Pod], kind: str) -> None:
         control = (pod.lib_dir / "libcuda-control.so").stat().st_ino
         for name in ("libcuda.so.1", "libcuda.so", "libnvidia-ml.so.1", "libnvidia-ml.so"):
             assert (pod.lib_dir / name).stat().st_ino == control, name
-        assert soname(pod.lib_dir / "libnvidia-ml.so.550.142") == "libnvidia-ml.so.1"
+        assert soname(pod.lib_dir / f"libnvidia-ml.so.{podkit.DEFAULT_DRIVER}") == "libnvidia-ml.so.1"
         assert (pod.root / "etc/vcuda/vcuda.config").read_text().split() == [str(podkit.VCUDA_QUOTA)]
         assert all(p.is_file() for p in vcuda_files)
         assert os.access(vcuda_files[1], os.X_OK)

@@ -70,8 +70,12 @@ def test_capability_of_the_model_name(name: str, capability: tuple[int, int] | N
 
 @pytest.mark.parametrize(
     ("driver", "cuda"),
-    [("580.159.04", 13000), ("550.142", 12040), ("535.54.03", 12020), ("470.82.01", 11000), ("bogus", None)],
-)
+    [
+        ("580.159.04", 13000), ("580.65.06", 13000), ("580.65.05", 12090), ("550.142", 12040),
+        ("535.54.03", 12020), ("525.60.13", 12000), ("525.60.12", 11080), ("470.57.02", 11040),
+        ("470.42.01", 11040), ("470.42.00", 11030), ("450.51.05", 11000), ("bogus", None), ("1.2.3.4", None),
+    ],
+)  # fmt: skip
 def test_cuda_version_of_the_driver(driver: str, cuda: int | None) -> None:
     assert cuda_version_of_driver(driver) == cuda
 

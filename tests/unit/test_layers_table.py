@@ -134,7 +134,9 @@ def test_nothing_limits_memory_only_where_no_layer_does() -> None:
     assert memory_unlimited((kai,)) == (kai,)
     assert memory_unlimited((kai, Layer("hami", ("preloads x",)))) == ()
     assert memory_unlimited((kai, Layer("nvidia-memory-limit", ("env x",)))) == ()
-    assert memory_unlimited((Layer("mps", ("env x",)),)) == () and memory_unlimited(()) == ()
+    # MPS without a pinned limit enforces none (issue 32); a pinned one is read as the limit (memory.py).
+    mps = Layer("mps", ("env x",))
+    assert memory_unlimited((mps,)) == (mps,) and memory_unlimited(()) == ()
 
 
 def test_a_kai_fraction_says_it_has_no_quota() -> None:

@@ -14,6 +14,7 @@ from vllm_tmaguard.layers import Layer
 from vllm_tmaguard.line import MESSAGE_LIMIT, level_of, render
 from vllm_tmaguard.record import assemble
 from vllm_tmaguard.routing import plan_routing
+from vllm_tmaguard.runtime_cuda import CudaBuild, too_old
 from vllm_tmaguard.supply import plan_supply
 from vllm_tmaguard.toggles import Toggles
 
@@ -88,3 +89,26 @@ def test_the_doctors_text_keeps_its_line_breaks_and_escapes_the_rest() -> None:
     snippet = "resources:\n  limits:\n    nvidia.com/gpu: 1"
     report = {"fix": [snippet, "/lib/\udcff\x1b[31m"]}
     assert printable_strings(report) == {"fix": [snippet, "/lib/\\xff\\x1b[31m"]}
+
+
+def test_a_driver_too_old_leads_the_line_at_error_and_is_never_supplied() -> None:
+    """vCUDA on an R535 node under CUDA 13 builds: what the layer lacks is supplied, yet vLLM cannot
+    initialise CUDA. Without the problem the record says "supplied"; with it, degraded, at ERROR, the driver
+    first."""
+    pod, toggles = facts(driver(VCUDA, real_driver=REAL), VCUDA_LAYER), Toggles()
+    old = GpuFacts(H100.gpus, "535.54.03", 12020)
+    plan = plan_supply(pod, toggles)
+    problem = too_old(old.driver_version, None, CudaBuild((13, 0), vllm=13), ("NVIDIA H100 80GB HBM3",))
+    assert problem is not None
+    actions = tuple(a._replace(applied=True) for a in record_of(pod, toggles, old).actions)  # as auto does
+
+    def auto(problems: tuple) -> dict:
+        return assemble("test", "auto", pod, old, plan, None, actions, problems, {}).to_json()
+
+    healthy, broken = auto(()), auto((problem,))
+    assert healthy["outcome"] == "supplied" and healthy["summary"].endswith("; supplied")
+    assert broken["outcome"] == "degraded" and level_of(broken) == "error"
+    assert "supplied" not in broken["summary"] and "driver too old" in broken["summary"]
+    line = render(broken)
+    assert "PROBLEM: NVIDIA driver 535.54.03 (up to CUDA 12.2)" in line and len(line) <= MESSAGE_LIMIT
+    assert "fix: upgrade the node's NVIDIA driver to 580.65.06 or newer" in line

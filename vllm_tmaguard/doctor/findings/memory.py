@@ -29,11 +29,13 @@ def memory_findings(report: dict[str, Any]) -> list[dict[str, Any]]:
     """The decision's memory plan and its launch problems, for a vLLM server started here (the doctor does
     not see the command line vLLM will be given)."""
     view = report["decision"]
+    memory = view.get("memory") or {}
     findings = []
     for problem in view["problems"]:
         severity = _SEVERITY.get(problem["code"])
         if severity:
-            args = problem["fix"].split() if problem["fix"].startswith("--gpu-memory-utilization ") else []
+            fits = memory.get("fits") if problem["code"] == MEMORY_FRACTION_TOO_HIGH else None
+            args = ["--gpu-memory-utilization", fits] if fits else []
             findings.append(
                 finding(
                     problem["code"],
@@ -41,10 +43,9 @@ def memory_findings(report: dict[str, Any]) -> list[dict[str, Any]]:
                     problem["cause"],
                     problem["consequence"],
                     subject=problem["subject"],
-                    fix=fix(problem["fix"], vllm_args=args[:2]),
+                    fix=fix(problem["fix"], vllm_args=args),
                 )
             )
-    memory = view.get("memory") or {}
     if memory.get("limit_bytes") and memory.get("set_to"):
         findings.append(
             finding(
@@ -69,7 +70,8 @@ def _shown_findings(report: dict[str, Any], limit: int | None, source: str | Non
         return []
     result = (active.get("guarded") or {}).get("result") or {}
     shown = (result.get("binding") or {}).get("memory")
-    nvml = [g.get("memory_total") for g in (active.get("nvml") or {}).get("result", {}).get("gpus", [])]
+    nvml_result = (active.get("nvml") or {}).get("result") or {}  # None where NVML hung or crashed
+    nvml = [g.get("memory_total") for g in nvml_result.get("gpus") or []]
     if shown is None:
         return []
     seen = f"cuMemGetInfo shows {_gib(shown['total'])} ({_gib(shown['free'])} free)"
