@@ -278,7 +278,7 @@ def test_sm90_with_forwarded_encoder_has_usable_tma(pods, run_python) -> None:
 
 
 def test_check_command_reports_what_a_vllm_process_would_do(pods) -> None:
-    """`tmaguard check` runs the guard's stages in validate mode: files only, nothing of the layer's."""
+    """`tmaguard check` runs the guard's decision without acting: files only, nothing of the layer's."""
     import subprocess
     import sys
 
@@ -288,7 +288,8 @@ def test_check_command_reports_what_a_vllm_process_would_do(pods) -> None:
     )
     record = json.loads(done.stdout)
     assert done.returncode == 0, done.stderr
-    assert record["libcuda"]["how"] == "LD_LIBRARY_PATH" and record["mode"] == "validate"
+    assert record["libcuda"]["how"] == "LD_LIBRARY_PATH" and record["mode"] == "auto"  # the pod's own mode
+    assert record["actions"] and not any(action["applied"] for action in record["actions"])
     assert record["supplied"]["cuLaunchKernelEx"] == "overlay" and record["problems"] == []
     # With the guard off, what the guard would do is nothing (not what auto would supply).
     off = {**env, "TMAGUARD_MODE": "off"}

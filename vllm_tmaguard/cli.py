@@ -48,7 +48,7 @@ def _echo(text: str, err: bool = False) -> None:
 @app.command(short_help="What the guard would find and do here; changes nothing.")
 def check(as_json: bool = typer.Option(False, "--json", help="print the record as JSON")) -> None:
     """What the guard would find and do in a vLLM process started here (changes nothing, loads nothing,
-    calls nothing of the layer's). Exit status 1 where the guard would log a warning."""
+    calls nothing of the layer's). Exit status 1 where the guard would log a warning or an error."""
     from .line import level_of, render
     from .preview import preview
 
@@ -59,7 +59,7 @@ def check(as_json: bool = typer.Option(False, "--json", help="print the record a
         raise typer.Exit(EXIT_OK)
     document = preview(os.environ, toggles, "cli").to_json()
     _echo(json.dumps(document, indent=1) if as_json else render(document))
-    raise typer.Exit(EXIT_FINDINGS if level_of(document) == "warning" else EXIT_OK)
+    raise typer.Exit(EXIT_FINDINGS if level_of(document) in ("warning", "error") else EXIT_OK)
 
 
 @app.command(short_help="Print the last record the guard wrote in a vLLM process.")

@@ -1,5 +1,5 @@
 """vLLM's own CUDA forward-compatibility switch against a layer that replaces libcuda.so.1 (docs/design.md
-§2.13). With VLLM_ENABLE_CUDA_COMPATIBILITY=1, `import vllm` (vllm/env_override.py, before torch) puts the
+§2.14). With VLLM_ENABLE_CUDA_COMPATIBILITY=1, `import vllm` (vllm/env_override.py, before torch) puts the
 CUDA compat directory first on LD_LIBRARY_PATH; every child vLLM starts with a fresh loader (the EngineCore,
 its workers) then loads NVIDIA's compat libcuda.so.1 from it and never the layer's: the quota is off there
 (measured under vCUDA master: 78.55 GiB shown, 10 GiB past an 8 GiB quota allocated). The guard runs at

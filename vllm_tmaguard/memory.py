@@ -1,5 +1,5 @@
 """GPU memory: what the sharing layer gives a process, and the share of it vLLM will take (docs/design.md
-§2.12). vLLM asks for `--gpu-memory-utilization` of the device's total (0.92 by default) and needs room past
+§2.13). vLLM asks for `--gpu-memory-utilization` of the device's total (0.92 by default) and needs room past
 that for what it does not count: its CUDA context, which an enforcing layer counts inside its limit, and the
 non-PyTorch memory of cuBLAS and CUDA graphs. On an 80 GiB GPU the default leaves 6.4 GiB; under an 8 GiB
 limit it leaves 0.64 GiB and the EngineCore dies of `torch.OutOfMemoryError` while capturing its graphs
