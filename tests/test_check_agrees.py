@@ -27,7 +27,7 @@ def _verdict(record: dict) -> tuple:
         record["outcome"],
         [(p["code"], p["subject"]) for p in record["problems"]],
         # the overlay's file: the guard's copy in its private directory, the check's the package's own
-        [(a["kind"], a["target"], a["value"] if a["kind"] != "load-overlay" else None) for a in record["actions"]],
+        [(a["kind"], a["target"], None if a["kind"] == "load-overlay" else a["value"]) for a in record["actions"]],
         record["summary"].replace("would be supplied", "supplied").replace("would answer", "answers"),
     )
 
