@@ -25,6 +25,8 @@ MEMORY_FRACTION_TOO_HIGH = "memory-fraction-too-high"  # vLLM's share leaves too
 MEMORY_UNENFORCED = "memory-unenforced"  # GPU shared with no memory limit: vLLM's default takes it whole
 COMPAT_BYPASSES_LAYER = "compat-bypasses-layer"  # VLLM_ENABLE_CUDA_COMPATIBILITY under a replacing layer
 LAYER_BYPASSED = "layer-bypassed"  # the pod's layer is configured, this process's libcuda.so.1 is not it
+# A layer configured (preloaded, or its limits set) that the loader does not load: CUDA works, unmetered.
+LAYER_NOT_IN_FORCE = "layer-not-in-force"
 
 # Problems after which no CUDA call succeeds in the pod (the doctor never calls TMA usable beside one).
 CUDA_BROKEN = frozenset({LOOKUP_SWAPPED, LAYER_DAEMON_MISSING, LAYER_CANNOT_LOAD})

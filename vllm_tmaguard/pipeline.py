@@ -38,6 +38,7 @@ from .line import log
 from .memory import FRACTION_FLAG, GIVEN_PORTION, MemoryFlags, MemoryPlan, plan_memory, read_limit
 from .metering import layer_problems, memory_unlimited
 from .outcomes import Action, Problem
+from .preloads import NOT_LOADED
 from .record import Record, assemble
 from .redaction import MIN_SECRET, shows_redaction
 from .routing import RoutePlan, plan_routing_after
@@ -87,7 +88,7 @@ def run(trigger: str) -> Issued | None:
     stop = stop_for(issued.document["problems"], toggles.strict, toggles.gemm)
     if stop:
         raise tell_kubernetes(stop)
-    if records.path and not records.refused and notes.steady and _replayable(issued.document):
+    if records.path and not records.refused and notes.steady and _replayable(issued.document, facts):
         with contextlib.suppress(Exception):  # not remembered: later processes run the full run too
             entry = _entry(process, notes, issued, record.actions, facts.driver.read_library_path)
             remember(records.path, entry)
@@ -214,15 +215,19 @@ def _entry(
     }
 
 
-def _replayable(document: dict[str, Any]) -> bool:
+def _replayable(document: dict[str, Any], facts: Facts) -> bool:
     """A verdict other processes may replay: written, kept in a file (not in memory), no problem of this
-    process alone, nothing redacted (what was depends on this process's secrets)."""
+    process alone (a preload entry this process's loader did not map, though its file would load: a later
+    process of the same environment may have it), nothing redacted (what was depends on this process's
+    secrets)."""
     in_memory = any(action["in_memory"] for action in document["actions"])
     own = any(problem["code"] in _OF_THIS_PROCESS for problem in document["problems"])
+    unmapped = any(f.kind == NOT_LOADED for layer in facts.layers for f in layer.preload_faults)
     return (
         bool(document["record_file"])
         and not in_memory
         and not own
+        and not unmapped
         and not shows_redaction(json.dumps(document))
     )
 
