@@ -214,8 +214,9 @@ def metering_json(layers: tuple[Layer, ...]) -> list[dict[str, Any]]:
     caveats with their severity and the vLLM flags each needs."""
     found = []
     for layer in layers:
-        table = None if set(layer.conditions) & _NOT_LOADED else metering_of(layer)  # it meters nothing
-        if table is not None and BYPASSED not in layer.conditions:  # a bypassed layer meters nothing here
+        table = metering_of(layer)
+        off = BYPASSED in layer.conditions or set(layer.conditions) & NOT_IN_FORCE_CONDITIONS
+        if table is not None and not off:  # a layer bypassed here, or not loaded at all, meters nothing
             caveats = (*table.caveats, *(c for c in layer.conditions if c in SEVERITY))
             found.append(
                 {
@@ -246,13 +247,13 @@ def layer_problems(layers: tuple[Layer, ...]) -> tuple[Problem, ...]:
         for condition in layer.conditions:
             if condition in found:
                 problems.append(found[condition])
-            elif condition in _NOT_LOADED:
+            elif condition in NOT_IN_FORCE_CONDITIONS:
                 problems.append(_not_loaded(layer, condition))
     return tuple(problems)
 
 
-# Conditions under which a layer is not loaded at all (layers.py): it meters nothing.
-_NOT_LOADED = frozenset(
+# Conditions under which a layer is not loaded at all (preloads.py): it meters and limits nothing.
+NOT_IN_FORCE_CONDITIONS = frozenset(
     {preloads.NOT_IN_FORCE, preloads.NOT_PRELOADED, preloads.PRELOAD_NEEDS_GLIBC}
 )
 _LIMITS = {"hami": "HAMi-core's limits are", "vgpu-manager": "vgpu-manager's limits are",

@@ -36,7 +36,7 @@ from .issue import Issued, issue
 from .layers import LABELS
 from .line import log
 from .memory import FRACTION_FLAG, GIVEN_PORTION, MemoryFlags, MemoryPlan, plan_memory, read_limit
-from .metering import layer_problems, memory_unlimited
+from .metering import NOT_IN_FORCE_CONDITIONS, layer_problems, memory_unlimited
 from .outcomes import Action, Problem
 from .preloads import NOT_LOADED
 from .record import Record, assemble
@@ -175,8 +175,11 @@ def _launch(
 ) -> tuple[MemoryPlan, tuple[Action, ...], tuple[Problem, ...]]:
     """What vLLM is started with that the layer cannot take: its memory fraction under the layer's limit
     (memory.py), its compat switch under a layer that replaces libcuda.so.1 (compat.py); done where auto."""
-    names = frozenset(layer.name for layer in facts.layers if BYPASSED not in layer.conditions)
-    unenforced = tuple(layer.label for layer in memory_unlimited(facts.layers))
+    # A layer bypassed here or not loaded at all limits nothing (its LAYER_* problem says so).
+    off = {BYPASSED, *NOT_IN_FORCE_CONDITIONS}
+    loaded = tuple(layer for layer in facts.layers if not off & set(layer.conditions))
+    names = frozenset(layer.name for layer in loaded)
+    unenforced = tuple(layer.label for layer in memory_unlimited(loaded))
     flags = MemoryFlags(launch["fraction"], launch["kv_cache"], launch["serve"])
     limit = read_limit(facts.environ, toggles.root, names)
     portion = facts.environ.get(GIVEN_PORTION)

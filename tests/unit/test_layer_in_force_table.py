@@ -12,7 +12,6 @@ import pytest
 from facts_kit import REAL_DRIVER, driver, facts
 
 from vllm_tmaguard import codes, preloads
-from vllm_tmaguard import layers as fingerprints
 from vllm_tmaguard.elf import (
     EM_AARCH64,
     EM_X86_64,
@@ -114,24 +113,24 @@ GLIBC_FAULT = PreloadFault(HAMI, "/etc/ld.so.preload", preloads.NEEDS_NEWER_GLIB
 LAYERS = {
     "HAMi-core preloaded and loaded": (pod([HAMI], environ=LIMIT), [("hami", ())]),
     "HAMi-core's only entry missing (LD_PRELOAD naming no file)": (
-        pod([HAMI], {HAMI: fault(HAMI)}, LIMIT), [("hami", (fingerprints.NOT_IN_FORCE,))],
+        pod([HAMI], {HAMI: fault(HAMI)}, LIMIT), [("hami", (preloads.NOT_IN_FORCE,))],
     ),
     "HAMi-core: one of two entries missing, the other loaded": (
         pod(["/elsewhere/libvgpu.so", HAMI], {HAMI: fault(HAMI)}, LIMIT), [("hami", ())],
     ),
     "HAMi-core: both entries skipped": (
         pod(["/a/libvgpu.so", HAMI], {"/a/libvgpu.so": fault("/a/libvgpu.so"), HAMI: fault(HAMI)}, LIMIT),
-        [("hami", (fingerprints.NOT_IN_FORCE,))],
+        [("hami", (preloads.NOT_IN_FORCE,))],
     ),
     "HAMi-core needing a newer glibc: every process dies": (
-        pod([HAMI], {HAMI: GLIBC_FAULT}, LIMIT), [("hami", (fingerprints.PRELOAD_NEEDS_GLIBC,))],
+        pod([HAMI], {HAMI: GLIBC_FAULT}, LIMIT), [("hami", (preloads.PRELOAD_NEEDS_GLIBC,))],
     ),
     "HAMi's limits and mounted library, nothing preloading it": (
-        pod(environ=LIMIT, paths=[HAMI, "/usr/local/vgpu"]), [("hami", (fingerprints.NOT_PRELOADED,))],
+        pod(environ=LIMIT, paths=[HAMI, "/usr/local/vgpu"]), [("hami", (preloads.NOT_PRELOADED,))],
     ),
     "HAMi's limits with CUDA_DISABLE_CONTROL=true (its plugin leaves the preload out)": (
         pod(environ={**LIMIT, "CUDA_DISABLE_CONTROL": "true"}, paths=[HAMI]),
-        [("hami", (fingerprints.NOT_PRELOADED, fingerprints.CONTROL_DISABLED))],
+        [("hami", (preloads.NOT_PRELOADED, preloads.CONTROL_DISABLED))],
     ),
     "CUDA_DISABLE_CONTROL=false is no switch (Go's ParseBool)": (
         pod(environ={**LIMIT, "CUDA_DISABLE_CONTROL": "false"}), [],
@@ -139,15 +138,15 @@ LAYERS = {
     "HAMi's limits alone (no library, no switch): nothing named": (pod(environ=LIMIT), []),
     "vgpu-manager's entry of another machine": (
         pod([VGPU], {VGPU: fault(VGPU, preloads.WRONG_MACHINE)}),
-        [("vgpu-manager", (fingerprints.NOT_IN_FORCE,))],
+        [("vgpu-manager", (preloads.NOT_IN_FORCE,))],
     ),
     "vgpu-manager oversold and not in force: the caveat is moot": (
         pod([VGPU], {VGPU: fault(VGPU)}, {"CUDA_MEM_RATIO": "1.5"}),
-        [("vgpu-manager", (fingerprints.NOT_IN_FORCE,))],
+        [("vgpu-manager", (preloads.NOT_IN_FORCE,))],
     ),
     "nvshare not in force: its socket is never asked for": (
         pod([NVSHARE], {NVSHARE: fault(NVSHARE, preloads.NOT_A_FILE)}),
-        [("nvshare", (fingerprints.NOT_IN_FORCE,))],
+        [("nvshare", (preloads.NOT_IN_FORCE,))],
     ),
 }  # fmt: skip
 
@@ -190,7 +189,7 @@ def test_a_newer_glibc_is_a_layer_that_cannot_load() -> None:
 
 
 def test_a_layer_not_in_force_meters_nothing() -> None:
-    layer = Layer("hami", ("x",), family="8f3a89c", conditions=(fingerprints.NOT_IN_FORCE,))
+    layer = Layer("hami", ("x",), family="8f3a89c", conditions=(preloads.NOT_IN_FORCE,))
     assert metering_json((layer,)) == [] and metering_json((layer._replace(conditions=()),))
 
 
