@@ -29,6 +29,8 @@ import pytest
 from podkit import child_environ
 
 IMPORT_VLLM = "import vllm\nprint('RESULT {}')"
+# After vLLM's import (the guard's run), what the process's own preload variable is.
+PRELOAD_AFTER = "import json, os, vllm\nprint('RESULT ' + json.dumps(os.environ.get('LD_PRELOAD')))"
 
 
 def tmaguard(pod: podkit.Pod, records: Path, *args: str, env=None, prefix=()) -> subprocess.CompletedProcess:
@@ -90,7 +92,7 @@ def test_a_preload_naming_no_file_leaves_the_pod_unmetered_and_the_record_says_s
     (pod.root / "etc/ld.so.preload").unlink()
     entry = pod.root / "usr/local/vgpu/gone/libvgpu.so"
     env = {"LD_PRELOAD": str(entry), "CUDA_DEVICE_MEMORY_LIMIT_0": "8g"}
-    run = run_python(pod, IMPORT_VLLM, env)
+    run = run_python(pod, PRELOAD_AFTER, env)
     assert run.returncode == 0 and ignored(entry, "cannot open shared object file") in run.stderr
     record = run.last_record()
     assert record["outcome"] == "degraded" and record["layers"][0]["name"] == "hami"
@@ -99,6 +101,7 @@ def test_a_preload_naming_no_file_leaves_the_pod_unmetered_and_the_record_says_s
     assert problem["cause"] == f"HAMi-core's limits are NOT in force: {entry} (from LD_PRELOAD) is not there"
     assert problem["fix"].startswith(f"mount HAMi-core's library at {entry}")
     assert record["metering"] == [] and record["layer_files"] == []  # it meters nothing; no file to name
+    assert record["actions"] == [] and run.result == str(entry)  # said, never fixed: nothing loaded or set
     (line,) = run.guard_lines()
     assert "WARNING" in line and "tmaguard: HAMi-core: configured but NOT in force (not loaded)" in line
     assert "PROBLEM: HAMi-core's limits are NOT in force" in line

@@ -97,7 +97,7 @@ class Layer(NamedTuple):
     family: str | None = None  # the commit family its exports tell (metering.py's tables); None: not told
     conditions: tuple[str, ...] = ()  # codes of what was found wrong beside it (the constants above)
     preload_faults: tuple[preloads.PreloadFault, ...] = ()  # why its preload entries are not in force
-    library: preloads.Library | None = None  # its library file's identity (identify(); the full run's)
+    library: preloads.Library | None = None  # its library file's identity (facts.identify)
 
     @property
     def label(self) -> str:

@@ -324,8 +324,10 @@ def _not_loaded(layer: Layer, condition: str) -> Problem:
 
 
 def _preload_fix(layer: Layer, fault: preloads.PreloadFault) -> str:
-    library = f"{layer.label}'s library"
-    if fault.kind in (preloads.MISSING, preloads.NOT_A_FILE):
+    library, entry = f"{layer.label}'s library", fault.entry
+    if fault.kind == preloads.MISSING:
+        return f"mount {library} at {entry} (its device plugin mounts it from the node); restart the pod"
+    if fault.kind == preloads.NOT_A_FILE:
         return (
             f"mount {library} at {fault.entry} and restart the pod (a directory there is what the container "
             "runtime makes where the node lacks the file the mount names: put the library on the node)"
