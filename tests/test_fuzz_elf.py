@@ -1,4 +1,5 @@
-"""Fuzzing the guard's readers of untrusted binary files: the ELF reader (elf.read_elf, elf.section_extent)
+"""Fuzzing the guard's readers of untrusted binary files: the ELF reader (elf.read_elf with and without the
+symbol versions a file needs, elf.section_extent, elf.read_identity)
 and the ld.so.cache parser (loader.read_ld_so_cache). Every vLLM process runs them on files it does not
 control (a sharing layer's libcuda.so.1, vLLM's extensions, the pod's loader cache), so a malformed file
 must cost an ElfError (or an empty cache), never a crash, a hang or unbounded memory.
@@ -27,7 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vllm_tmaguard.catalogue import shim_path
-from vllm_tmaguard.elf import ElfError, read_elf, section_extent
+from vllm_tmaguard.elf import ElfError, read_elf, read_identity, section_extent
 from vllm_tmaguard.loader import read_ld_so_cache
 
 ELF_EXAMPLES = 10_000
@@ -137,6 +138,10 @@ def parse_everything(path: str, outcome: list[str]) -> None:
         outcome.append("rejected")
     with suppress(ElfError):
         read_elf(path, prefixes=(b"cu", b"g_vcuda", b"tmaguard_shim_source"))
+    with suppress(ElfError):  # a preloaded layer's reading: the symbol versions it needs
+        read_elf(path, prefixes=(b"cu", b"dlsym"), versions=True)
+    with suppress(ElfError):  # a layer's identity: the build ID note and the .comment strings
+        read_identity(path, 1 << 20)
     try:
         with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as image:
             section_extent(path, image, len(image), ".nv_fatbin")

@@ -4,6 +4,8 @@ tmaguard_info with the record's labels, in vLLM's one-API-server mode and its mu
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 
 SCRAPE = """
@@ -60,7 +62,8 @@ def test_the_info_metric_in_a_scrape_of_vllms_registry(
         (tmp_path / "prom").mkdir()
         env["PROMETHEUS_MULTIPROC_DIR"] = str(tmp_path / "prom")
     gpu, expected = CASES[kind]
-    run = run_python(pods(kind, **gpu), SCRAPE, env)
+    pod = pods(kind, **gpu)
+    run = run_python(pod, SCRAPE, env)
     (line,) = run.result["lines"]
     assert line.endswith(" 1.0")
     assert _labels(line) == {
@@ -69,7 +72,28 @@ def test_the_info_metric_in_a_scrape_of_vllms_registry(
         "mode": "auto",
         "tmaguard_version": "0.1.0",
         "vllm_version": "0.32.0",
+        "layer_in_force": "true",
+        "layer_sha256": _sha256_12(pod.lib_dir / "libcuda.so.1"),  # the layer is libcuda.so.1 there
     }
+
+
+def _sha256_12(path) -> str:  # type: ignore[no-untyped-def]
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+
+
+def test_a_layer_not_in_force_in_the_metric(pods, run_python) -> None:
+    """Issue 32 item 3: HAMi-core's limits set, its preload naming a directory where the library should be
+    (what the loader skips: HAMi #777): the scrape says the layer is not in force, and no build of it."""
+    pod = pods("hami", cc="9.0")
+    library = pod.root / "usr/local/vgpu/libvgpu.so"
+    library.unlink()
+    library.mkdir()
+    run = run_python(pod, SCRAPE)
+    assert "cannot be preloaded (cannot read file data): ignored." in run.stderr  # the real loader's words
+    (line,) = run.result["lines"]
+    labels = _labels(line)
+    assert (labels["layer"], labels["layer_in_force"], labels["layer_sha256"]) == ("hami", "false", "none")
+    assert labels["outcome"] == "degraded" and labels["problems"] == "1"
 
 
 def test_a_process_without_prometheus_client_does_not_import_it(pods, run_python) -> None:

@@ -26,11 +26,13 @@ MEMORY_UNENFORCED = "memory-unenforced"  # GPU shared with no memory limit: vLLM
 COMPAT_BYPASSES_LAYER = "compat-bypasses-layer"  # VLLM_ENABLE_CUDA_COMPATIBILITY under a replacing layer
 LAYER_BYPASSED = "layer-bypassed"  # the pod's layer is configured, this process's libcuda.so.1 is not it
 DRIVER_TOO_OLD = "driver-too-old"  # the NVIDIA driver predates the CUDA runtime torch and vLLM were built for
+# A layer configured (preloaded, or its limits set) that the loader does not load: CUDA works, unmetered.
+LAYER_NOT_IN_FORCE = "layer-not-in-force"
 
 # Problems after which no CUDA call succeeds in the pod (the doctor never calls TMA usable beside one).
 CUDA_BROKEN = frozenset({LOOKUP_SWAPPED, LAYER_DAEMON_MISSING, LAYER_CANNOT_LOAD, DRIVER_TOO_OLD})
 # Problems the log line says at ERROR: vLLM cannot start here, whatever the guard supplies.
-LOGGED_AS_ERROR = frozenset({DRIVER_TOO_OLD, LAYER_BYPASSED})
+LOGGED_AS_ERROR = frozenset({DRIVER_TOO_OLD, LAYER_BYPASSED, LAYER_NOT_IN_FORCE})
 
 # Outcome values: what an operator filters on (and fleet metrics count).
 NO_GPU = "no-gpu"  # no GPU and no libcuda.so.1: nothing to do

@@ -8,9 +8,18 @@ from .catalogue import DRIVER_LIBRARY, ENCODERS, MARKER
 from .compat import BYPASSED, BYPASSED_VCUDA
 from .elf import ElfError, ElfInfo, read_elf
 from .gpu import cuda_version_of_driver, read_driver_version
-from .layers import LIBCUDA_PREFIXES, Layer, detect_layers, gather_evidence
+from .layers import (
+    LIBCUDA_PREFIXES,
+    OWNS_LIBCUDA,
+    Layer,
+    PodEvidence,
+    detect_layers,
+    gather_evidence,
+    preloaded_layer,
+)
 from .loader import LibraryResolution, find_real_driver, resolve_library
 from .memory import VCUDA_CONFIG, vcuda_quota
+from .preloads import library_of
 from .process import read_loaded_objects
 from .scan_cache import probe_vllm_cached
 from .vllm_probe import VllmFacts
@@ -98,6 +107,25 @@ def _bypassed_vcuda(layers: tuple[Layer, ...], root: str, driver: DriverFacts) -
     return (Layer(BYPASSED_VCUDA, evidence, conditions=(BYPASSED,)),)
 
 
+def identify(layers: tuple[Layer, ...], evidence: PodEvidence) -> tuple[Layer, ...]:
+    """Each layer with its library file's identity (which build it is): the library answering libcuda.so.1
+    for a layer that is it, the first readable preload entry for a preloaded one; files the fingerprints
+    read already, so no new verdict input. The full run's, the doctor's and `tmaguard check`'s; a replay
+    keeps the record's."""
+    found = []
+    for layer in layers:
+        path = _library_path(layer, evidence)
+        found.append(layer._replace(library=library_of(path)) if path else layer)
+    return tuple(found)
+
+
+def _library_path(layer: Layer, evidence: PodEvidence) -> str | None:
+    if layer.name in OWNS_LIBCUDA or layer.name == "unrecognized":
+        return evidence.libcuda.path if evidence.libcuda else None
+    named = [info.path for entry, info in evidence.preloaded.items() if preloaded_layer(entry) == layer.name]
+    return named[0] if named else None
+
+
 def probe(
     environ: Mapping[str, str],
     root: str,
@@ -112,7 +140,8 @@ def probe(
     file; `vllm_dir`: the vLLM package directory to read instead of the one on sys.path; `cache_dir`: where
     the vLLM scan is cached across processes (the guard's private directory)."""
     driver = probe_driver(environ, root)
-    layers = detect_layers(gather_evidence(root, environ, driver.info), driver.cuda_version)
+    evidence = gather_evidence(root, environ, driver.info)
+    layers = identify(detect_layers(evidence, driver.cuda_version), evidence)
     layers = (*layers, *_bypassed_vcuda(layers, root, driver))
     vllm = probe_vllm_cached(cache_dir, vllm_dir)
     return Facts(driver, vllm, layers, trigger, vllm.kernels_listed, dict(environ), eager)

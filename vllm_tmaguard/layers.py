@@ -12,14 +12,18 @@ unrecognized layer.
 
 Each layer carries its commit family where its exports tell it (the metering table, metering.py, is per
 family) and the conditions found beside it (codes: a daemon's socket missing, a hook this glibc cannot
-load)."""
+load, a preloaded layer whose limits are not in force).
+
+A preloaded layer is in force only where the loader maps one of its entries (preloads.py says why one is
+not); each layer carries its library file's identity (facts.py reads it). Long because every layer's
+fingerprint reads the same evidence and stays beside the others: one place says what names a layer."""
 
 import os
 import re
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from . import files
+from . import files, preloads
 from .catalogue import ENCODERS, OVERLAY_TRIGGERS, PROC_ADDRESS_V2
 from .elf import ElfError, ElfInfo, read_elf
 from .loader import under_root
@@ -80,6 +84,10 @@ _PRELOADS = {
     "libgemhook.so.1": "kubeshare",
     "libcuda_limiter.so": "tensor-fusion",  # NexusGPU/tensor-fusion 3e0a490 pkg/constants/env.go
 }
+# The preloaded layers whose entries are judged in force or not (preloads.py; KubeShare's hook kills every
+# process on glibc >= 2.34 whatever its entries: GLIBC_TOO_NEW).
+JUDGED = frozenset({"hami", "vgpu-manager", "nvshare"})
+HAMI_LIBRARY = preloads.HAMI_LIBRARY
 
 
 class Layer(NamedTuple):
@@ -88,6 +96,8 @@ class Layer(NamedTuple):
     forwards_to_local_driver: bool = True  # False: no local real driver to forward to (network GPU)
     family: str | None = None  # the commit family its exports tell (metering.py's tables); None: not told
     conditions: tuple[str, ...] = ()  # codes of what was found wrong beside it (the constants above)
+    preload_faults: tuple[preloads.PreloadFault, ...] = ()  # why its preload entries are not in force
+    library: preloads.Library | None = None  # its library file's identity (facts.identify)
 
     @property
     def label(self) -> str:
@@ -104,11 +114,14 @@ class PodEvidence(NamedTuple):
     preloaded: Mapping[str, ElfInfo] = {}  # readable preloaded libraries (and KubeShare's hook), by entry
     kinds: Mapping[str, str] = {}  # the file type of each of SOCKET_PATHS ("missing" where absent)
     libc_lacks: tuple[str, ...] = ()  # which of GLIBC_PRIVATE this process's libc.so.6 lacks (if asked)
+    preload_faults: Mapping[str, preloads.PreloadFault] = {}  # judged layers' entries not in force, by entry
 
 
-FINGERPRINT_PATHS = ("/etc/vcuda", "/usr/local/nvidia/bin/gpu-client", "/usr/local/vgpu", KUBESHARE_HOOK)
+FINGERPRINT_PATHS = (
+    "/etc/vcuda", "/usr/local/nvidia/bin/gpu-client", "/usr/local/vgpu", KUBESHARE_HOOK, HAMI_LIBRARY,
+)  # fmt: skip
 SOCKET_PATHS = (NVSHARE_SOCKET,)
-_PRELOAD_FILE = "/etc/ld.so.preload"
+_PRELOAD_FILE = preloads.PRELOAD_FILE
 _PRELOAD_LIMIT = 1 << 20
 # The environment variables the fingerprints look at, by prefix (LD_PRELOAD besides).
 ENV_PREFIXES = (
@@ -116,7 +129,7 @@ ENV_PREFIXES = (
     "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "CUDA_MEM_LIMIT_", "CUDA_CORE_LIMIT_",
     "MANAGER_VISIBLE_DEVICES", "POD_MANAGER_PORT", "CUDA_MEM_OVERSOLD", "CUDA_MEM_RATIO",
     "CUDA_DEVICE_MEMORY_SHARED_CACHE", "CONTAINER_VGPU_MOUNT", "GPU_PORTION", "RUNAI_NUM_OF_GPUS",
-    "NVIDIA_GPU_MEMORY_", "TF_ISOLATION_MODE", "LD_AUDIT",
+    "NVIDIA_GPU_MEMORY_", "TF_ISOLATION_MODE", "LD_AUDIT", preloads.HAMI_SWITCH,
 )  # fmt: skip
 
 
@@ -142,24 +155,32 @@ def _libc_lacks(needed: set[str]) -> tuple[str, ...]:
 
 def gather_evidence(root: str, environ: Mapping[str, str], libcuda: ElfInfo | None) -> PodEvidence:
     existing = frozenset(p for p in FINGERPRINT_PATHS if files.exists(under_root(root, p)))
-    from_env = list(environ.get("LD_PRELOAD", "").replace(":", " ").split())
+    from_env = preloads.split_preload(environ.get("LD_PRELOAD", ""))
     text = files.read_text(under_root(root, _PRELOAD_FILE), _PRELOAD_LIMIT) or ""
-    from_file = [w for line in text.splitlines() for w in line.split("#", 1)[0].split()]
+    from_file = preloads.preload_file_entries(text)
     # Paths from the environment are taken as they are; the preload file's name files in the pod's root.
     paths = {entry: entry for entry in from_env}
     paths.update({entry: under_root(root, entry) for entry in from_file if entry not in paths})
     if KUBESHARE_HOOK in existing and "POD_MANAGER_PORT" in environ:
         paths.setdefault(KUBESHARE_HOOK, under_root(root, KUBESHARE_HOOK))
-    read = {entry: _elf(path, PRELOAD_PREFIXES) for entry, path in paths.items() if os.path.isabs(path)}
-    preloaded = {entry: info for entry, info in read.items() if info is not None}
+    absolute = {entry: path for entry, path in paths.items() if os.path.isabs(path)}
+    read = {entry: preloads.read_preload(path, PRELOAD_PREFIXES) for entry, path in absolute.items()}
+    preloaded = {entry: info for entry, info in read.items() if isinstance(info, ElfInfo)}
     stat_sockets = _preloads(from_env + from_file)
     kinds = {path: _kind(under_root(root, path)) for path in SOCKET_PATHS} if stat_sockets else {}
     needed = {name for info in preloaded.values() for name in GLIBC_PRIVATE if name in info.undefined}
     variables = {name: environ[name] for name in environ if name.startswith(ENV_PREFIXES)}
+    judged = [e for e in dict.fromkeys(from_env + from_file) if preloaded_layer(e) in JUDGED]
+    faults = preloads.faults_of(judged, from_env, paths, read, root in ("", "/"))
     return PodEvidence(
         existing, tuple(from_env + from_file), variables, libcuda, preloaded, kinds,
-        _libc_lacks(needed) if needed else (),
+        _libc_lacks(needed) if needed else (), faults,
     )  # fmt: skip
+
+
+def preloaded_layer(entry: str) -> str | None:
+    """The layer a preload entry is, by its file name (a key of LABELS), or None."""
+    return _PRELOADS.get(os.path.basename(entry))
 
 
 def _preloads(entries: list[str]) -> bool:
@@ -233,12 +254,24 @@ def _hami(evidence: PodEvidence) -> Layer | None:
     entries = _preloaded_as(evidence, "hami")
     limits = _env_matches(evidence.environ, ("CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT"))
     files_seen = ["/usr/local/vgpu exists"] if "/usr/local/vgpu" in evidence.existing_paths else []
-    # HAMi-core works only when preloaded; its limits and mount without the preload are a pod that HAMi's
-    # webhook prepared but whose preload did not take.
+    # HAMi-core works only when preloaded; its limits beside its mounted library (or its device plugin's
+    # switch) without the preload are a pod that HAMi prepared but whose preload did not take.
     if not entries:
-        return None
+        return _hami_not_preloaded(evidence, limits)
     family = next((f for _, info in entries if (f := _hami_family(info))), None)
-    return Layer("hami", (*(f"preloads {e}" for e, _ in entries), *limits, *files_seen), family=family)
+    conditions, faults = preloads.in_force([e for e, _ in entries], evidence.preload_faults)
+    said = (*(f"preloads {e}" for e, _ in entries), *limits, *files_seen)
+    return Layer("hami", said, family=family, conditions=conditions, preload_faults=faults)
+
+
+def _hami_not_preloaded(evidence: PodEvidence, limits: list[str]) -> Layer | None:
+    mounted = HAMI_LIBRARY in evidence.existing_paths
+    conditions = preloads.not_preloaded(bool(limits), mounted, evidence.environ)
+    if not conditions:
+        return None
+    said = [*limits, *([f"{HAMI_LIBRARY} exists"] if mounted else []), "nothing preloads it"]
+    said += [f"env {preloads.HAMI_SWITCH}=true"] if preloads.CONTROL_DISABLED in conditions else []
+    return Layer("hami", tuple(said), conditions=conditions)
 
 
 def _vgpu_manager(evidence: PodEvidence) -> Layer | None:
@@ -250,7 +283,9 @@ def _vgpu_manager(evidence: PodEvidence) -> Layer | None:
     )
     hooks = [f"{os.path.basename(e)} exports dlsym" for e, elf in entries if elf and "dlsym" in elf.defined]
     said = (*(f"preloads {e}" for e, _ in entries), *hooks[:1], *variables)
-    return Layer("vgpu-manager", said, conditions=(OVERSOLD,) if _oversold(evidence.environ) else ())
+    conditions, faults = preloads.in_force([e for e, _ in entries], evidence.preload_faults)
+    oversold = (OVERSOLD,) if _oversold(evidence.environ) and not conditions else ()
+    return Layer("vgpu-manager", said, conditions=conditions + oversold, preload_faults=faults)
 
 
 def _oversold(environ: Mapping[str, str]) -> bool:
@@ -271,7 +306,10 @@ def _nvshare(evidence: PodEvidence) -> Layer | None:
     kind = evidence.kinds.get(NVSHARE_SOCKET, "missing")
     conditions = {"missing": (SOCKET_MISSING,), "a socket": ()}.get(kind, (SOCKET_NOT_A_SOCKET,))
     socket = f"{NVSHARE_SOCKET} is {kind}" if kind != "missing" else f"no {NVSHARE_SOCKET}"
-    return Layer("nvshare", (*(f"preloads {e}" for e, _ in entries), socket), conditions=conditions)
+    # not in force: its socket is never asked for
+    not_in_force, faults = preloads.in_force([e for e, _ in entries], evidence.preload_faults)
+    said = (*(f"preloads {e}" for e, _ in entries), socket)
+    return Layer("nvshare", said, conditions=not_in_force or conditions, preload_faults=faults)
 
 
 def _kubeshare(evidence: PodEvidence) -> Layer | None:

@@ -10,10 +10,12 @@ look-ups, dlsym, or the overlay in front of the layer (where the guard loads one
 
 from __future__ import annotations
 
+import os
 from typing import Any, NamedTuple
 
 from . import layers as fingerprints
-from .codes import LAYER_CANNOT_LOAD, LAYER_DAEMON_MISSING
+from . import preloads
+from .codes import LAYER_CANNOT_LOAD, LAYER_DAEMON_MISSING, LAYER_NOT_IN_FORCE
 from .compat import BYPASSED
 from .layers import Layer
 from .outcomes import Problem
@@ -213,7 +215,8 @@ def metering_json(layers: tuple[Layer, ...]) -> list[dict[str, Any]]:
     found = []
     for layer in layers:
         table = metering_of(layer)
-        if table is not None and BYPASSED not in layer.conditions:  # a bypassed layer meters nothing here
+        off = BYPASSED in layer.conditions or set(layer.conditions) & NOT_IN_FORCE_CONDITIONS
+        if table is not None and not off:  # a layer bypassed here, or not loaded at all, meters nothing
             caveats = (*table.caveats, *(c for c in layer.conditions if c in SEVERITY))
             found.append(
                 {
@@ -239,7 +242,104 @@ def layer_problems(layers: tuple[Layer, ...]) -> tuple[Problem, ...]:
     """What the conditions found beside each layer break (layers.py), with the fix; the other conditions are
     caveats (metering_json)."""
     found = {fingerprints.GLIBC_TOO_NEW: _hook_cannot_load(), **_socket_problems()}
-    return tuple(found[c] for layer in layers for c in layer.conditions if c in found)
+    problems = []
+    for layer in layers:
+        for condition in layer.conditions:
+            if condition in found:
+                problems.append(found[condition])
+            elif condition in NOT_IN_FORCE_CONDITIONS:
+                problems.append(_not_loaded(layer, condition))
+    return tuple(problems)
+
+
+# Conditions under which a layer is not loaded at all (preloads.py): it meters and limits nothing.
+NOT_IN_FORCE_CONDITIONS = frozenset(
+    {preloads.NOT_IN_FORCE, preloads.NOT_PRELOADED, preloads.PRELOAD_NEEDS_GLIBC}
+)
+_LIMITS = {"hami": "HAMi-core's limits are", "vgpu-manager": "vgpu-manager's limits are",
+           "nvshare": "nvshare's GPU lock (its time slicing) is"}  # fmt: skip
+_UNMETERED = (
+    "every CUDA call of every process goes to NVIDIA's driver unmetered: no memory quota, no compute limit; "
+    "vLLM sizes its KV cache from the whole GPU, which the scheduler promised in part to other pods"
+)
+_FAULT_WORDS = {
+    preloads.MISSING: "is not there",
+    preloads.UNREADABLE: "cannot be read ({found})",
+    preloads.NOT_A_FILE: "{found}",
+    preloads.NOT_AN_ELF: "is not a shared library ({found})",
+    preloads.WRONG_CLASS: "is an {found} build, this process 64-bit",
+    preloads.WRONG_MACHINE: "is {found}",
+    preloads.NOT_LOADED: "is {found}",
+}
+
+
+def _fault_words(fault: preloads.PreloadFault) -> str:
+    return f"{fault.entry} (from {fault.source}) " + _FAULT_WORDS[fault.kind].format(found=fault.found)
+
+
+def _not_loaded(layer: Layer, condition: str) -> Problem:
+    limits = _LIMITS.get(layer.name, f"{layer.label}'s limits are")
+    faults = layer.preload_faults
+    if condition == preloads.PRELOAD_NEEDS_GLIBC:
+        fault = next(f for f in faults if f.kind == preloads.NEEDS_NEWER_GLIBC)
+        return Problem(
+            LAYER_CANNOT_LOAD,
+            cause=f"{fault.entry} (from {fault.source}) needs {fault.found}",
+            consequence="the loader stops every process of the container at start-up (`version "
+            f"`{fault.needs}' not found (required by {fault.entry})`), before vLLM or the guard runs",
+            fix=f"mount a build of {layer.label}'s library linked against this image's glibc or an older one "
+            "(build it in the oldest image the node runs), or use an image with a newer glibc",
+            subject=fault.entry,
+        )
+    if condition == preloads.NOT_PRELOADED:
+        switched = preloads.CONTROL_DISABLED in layer.conditions
+        hami, switch = preloads.HAMI_LIBRARY, preloads.HAMI_SWITCH
+        why = f" ({switch}=true: HAMi's device plugin then leaves /etc/ld.so.preload out)" if switched else ""
+        return Problem(
+            LAYER_NOT_IN_FORCE,
+            cause=f"{limits} NOT in force: nothing preloads {hami}{why}",
+            consequence=_UNMETERED,
+            fix=f"unset {switch} in the pod spec (HAMi's device plugin then mounts /etc/ld.so.preload naming "
+            f"{hami}), or request a whole GPU for a pod meant to run without limits"
+            if switched
+            else f"preload it: /etc/ld.so.preload naming {hami} (HAMi's device plugin mounts one) or "
+            f"LD_PRELOAD={hami}",
+            subject=switch if switched else hami,
+        )
+    first = faults[0]
+    loader = preloads.LOADER_SAYS.get(first.kind)
+    said = (
+        f"the loader skips it (`ERROR: ld.so: object '{first.entry}' from {first.source} cannot be preloaded "
+        f"({loader}): ignored.`), and "
+        if loader
+        else "this process's loader did not map it (LD_PRELOAD set after the process started?), and "
+    )
+    return Problem(
+        LAYER_NOT_IN_FORCE,
+        cause=f"{limits} NOT in force: " + "; ".join(_fault_words(f) for f in faults),
+        consequence=said + _UNMETERED,
+        fix=_preload_fix(layer, first),
+        subject=first.entry,
+    )
+
+
+def _preload_fix(layer: Layer, fault: preloads.PreloadFault) -> str:
+    library, entry = f"{layer.label}'s library", fault.entry
+    if fault.kind == preloads.MISSING:
+        return f"mount {library} at {entry} (its device plugin mounts it from the node); restart the pod"
+    if fault.kind == preloads.NOT_A_FILE:
+        return (
+            f"mount {library} at {fault.entry} and restart the pod (a directory there is what the container "
+            "runtime makes where the node lacks the file the mount names: put the library on the node)"
+        )
+    if fault.kind == preloads.UNREADABLE:
+        return f"make {fault.entry} readable by the container's user (its copy on the node: chmod a+r)"
+    if fault.kind == preloads.NOT_AN_ELF:
+        return f"replace {fault.entry} with {library} (what is there is not a shared library)"
+    if fault.kind in (preloads.WRONG_CLASS, preloads.WRONG_MACHINE):
+        machine = os.uname().machine
+        return f"mount the build of {library} for this machine ({machine}, 64-bit) at {fault.entry}"
+    return f"preload {fault.entry} from the process's start (the container's LD_PRELOAD, /etc/ld.so.preload)"
 
 
 def _hook_cannot_load() -> Problem:

@@ -8,8 +8,13 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from .codes import LAYER_BYPASSED, LAYER_NOT_IN_FORCE
+
 METRIC = "tmaguard_info"
-LABELS = ("outcome", "layer", "tma_usable", "routing", "problems", "mode", "tmaguard_version", "vllm_version")
+LABELS = (
+    "outcome", "layer", "tma_usable", "routing", "problems", "mode", "tmaguard_version", "vllm_version",
+    "layer_in_force", "layer_sha256",
+)  # fmt: skip
 
 
 def info_labels(record: Mapping[str, Any]) -> dict[str, str]:
@@ -19,6 +24,10 @@ def info_labels(record: Mapping[str, Any]) -> dict[str, str]:
     tma = record.get("tma")
     routing = record.get("routing") or {}
     routed_away = routing.get("disabled_kernels") or routing.get("blocked_imports") or routing.get("env")
+    problems = record.get("problems") or []
+    off = any(p.get("code") in (LAYER_NOT_IN_FORCE, LAYER_BYPASSED) for p in problems)
+    first = layers[0]["name"] if layers else None
+    library = next((f for f in record.get("layer_files") or [] if f.get("layer") == first), None)
     return {
         "outcome": str(record.get("outcome")),
         "layer": layers[0]["name"] if layers else "none",
@@ -28,6 +37,9 @@ def info_labels(record: Mapping[str, Any]) -> dict[str, str]:
         "mode": str(record.get("mode")),
         "tmaguard_version": str(record.get("tmaguard")),
         "vllm_version": str((record.get("vllm") or {}).get("version") or "none"),
+        # "false": a layer is configured but not loaded, so its quota is not in force
+        "layer_in_force": "none" if not layers else "false" if off else "true",
+        "layer_sha256": str((library or {}).get("sha256") or "none"),  # which build of the layer
     }
 
 

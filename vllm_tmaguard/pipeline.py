@@ -36,8 +36,9 @@ from .issue import Issued, issue
 from .layers import LABELS
 from .line import log
 from .memory import FRACTION_FLAG, GIVEN_PORTION, MemoryFlags, MemoryPlan, plan_memory, read_limit
-from .metering import layer_problems, memory_unlimited
+from .metering import NOT_IN_FORCE_CONDITIONS, layer_problems, memory_unlimited
 from .outcomes import Action, Problem
+from .preloads import NOT_LOADED
 from .record import Record, assemble
 from .redaction import MIN_SECRET, shows_redaction
 from .routing import RoutePlan, plan_routing_after
@@ -88,7 +89,7 @@ def run(trigger: str) -> Issued | None:
     stop = stop_for(issued.document["problems"], toggles.strict, toggles.gemm)
     if stop:
         raise tell_kubernetes(stop)
-    if records.path and not records.refused and notes.steady and _replayable(issued.document):
+    if records.path and not records.refused and notes.steady and _replayable(issued.document, facts):
         with contextlib.suppress(Exception):  # not remembered: later processes run the full run too
             entry = _entry(process, notes, issued, record.actions, facts.driver.read_library_path)
             remember(records.path, entry)
@@ -176,8 +177,11 @@ def _launch(
 ) -> tuple[MemoryPlan, tuple[Action, ...], tuple[Problem, ...]]:
     """What vLLM is started with that the layer cannot take: its memory fraction under the layer's limit
     (memory.py), its compat switch under a layer that replaces libcuda.so.1 (compat.py); done where auto."""
-    names = frozenset(layer.name for layer in facts.layers if BYPASSED not in layer.conditions)
-    unenforced = tuple(layer.label for layer in memory_unlimited(facts.layers))
+    # A layer bypassed here or not loaded at all limits nothing (its LAYER_* problem says so).
+    off = {BYPASSED, *NOT_IN_FORCE_CONDITIONS}
+    loaded = tuple(layer for layer in facts.layers if not off & set(layer.conditions))
+    names = frozenset(layer.name for layer in loaded)
+    unenforced = tuple(layer.label for layer in memory_unlimited(loaded))
     flags = MemoryFlags(launch["fraction"], launch["kv_cache"], launch["serve"])
     limit = read_limit(facts.environ, toggles.root, names)
     portion = facts.environ.get(GIVEN_PORTION)
@@ -216,15 +220,19 @@ def _entry(
     }
 
 
-def _replayable(document: dict[str, Any]) -> bool:
+def _replayable(document: dict[str, Any], facts: Facts) -> bool:
     """A verdict other processes may replay: written, kept in a file (not in memory), no problem of this
-    process alone, nothing redacted (what was depends on this process's secrets)."""
+    process alone (a preload entry this process's loader did not map, though its file would load: a later
+    process of the same environment may have it), nothing redacted (what was depends on this process's
+    secrets)."""
     in_memory = any(action["in_memory"] for action in document["actions"])
     own = any(problem["code"] in _OF_THIS_PROCESS for problem in document["problems"])
+    unmapped = any(f.kind == NOT_LOADED for layer in facts.layers for f in layer.preload_faults)
     return (
         bool(document["record_file"])
         and not in_memory
         and not own
+        and not unmapped
         and not shows_redaction(json.dumps(document))
     )
 

@@ -54,6 +54,7 @@ class Record(NamedTuple):
     replaced: Mapping[str, str] = {}  # the layer's own exports answered instead by the guard's library
     metering: tuple[dict[str, Any], ...] = ()  # per layer: what it meters (metering.metering_json)
     memory: dict[str, Any] | None = None  # the layer's limit and vLLM's share of it (memory.MemoryPlan)
+    layer_files: tuple[dict[str, Any], ...] = ()  # per layer: its library file and which build it is
 
     @property
     def layer(self) -> dict[str, Any] | None:
@@ -117,12 +118,14 @@ class Record(NamedTuple):
             "replayed_from": self.replayed_from,
             "metering": list(self.metering),
             "memory": self.memory,
+            "layer_files": list(self.layer_files),
         }
         return redact(document)
 
 
 # Problems the summary leads with, in a phrase each: vLLM fails here whatever libcuda.so.1 exports.
 _HEADLINES = {
+    codes.LAYER_NOT_IN_FORCE: "configured but NOT in force (not loaded): no quota, no limit",
     codes.LAYER_BYPASSED: "its quota is not in force in this process",
     codes.MEMORY_FRACTION_TOO_HIGH: "vLLM's memory share does not fit the layer's limit",
 }
@@ -137,7 +140,7 @@ _DEGRADING = frozenset(
     {
         codes.DRIVER_MISSING, codes.DRIVER_UNREADABLE, codes.SYMBOL_UNSUPPLIED, codes.HANDLE_SCOPED_GAP,
         codes.OVERLAY_FAILED, codes.SHIM_FAILED, codes.ROOT_REFUSED, codes.IMPORTED_EARLY,
-        codes.EXTENSION_UNREADABLE, *codes.CUDA_BROKEN,
+        codes.EXTENSION_UNREADABLE, codes.LAYER_NOT_IN_FORCE, *codes.CUDA_BROKEN,
     }
 )  # fmt: skip
 
@@ -223,6 +226,11 @@ def assemble(
         supplied=plan.supplied,
         replaced=dict.fromkeys(plan.replaced, "overlay"),
         metering=tuple(metering_json(facts.layers)),
+        layer_files=tuple(
+            {"layer": layer.name, **layer.library._asdict(), "versions": list(layer.library.versions)}
+            for layer in facts.layers
+            if layer.library is not None
+        ),
         encoder={"reachable": plan.encoder.reachable, "reason": plan.encoder.reason},
         tma=None if route is None else {"usable": route.tma.usable, "reason": route.tma.reason},
         routing=None if routing is None else _routing_json(routing, _launch_overrides(actions, memory)),

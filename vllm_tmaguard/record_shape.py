@@ -74,6 +74,14 @@ FIELDS: dict[str, Check] = {
 }
 
 
+# Fields added within schema 2, checked where present (a record of an earlier release lacks them).
+LATER_FIELDS: dict[str, Check] = {
+    "layer_files": _list_of(
+        _fields({"layer": _TEXT, "path": _TEXT, "size": _optional(_INT), "sha256": _optional(_TEXT)})
+    ),
+}
+
+
 # A record nests five levels deep; its readers walk it recursively (the doctor's rendering, redaction, the
 # JSON encoders), so a deeper one (a free field of a damaged or forged file) is not read as a record.
 MAX_DEPTH = 32
@@ -104,5 +112,8 @@ def why_not_a_record(data: Any) -> str | None:
         if name not in data:
             return f"lacks the field {name!r}"
         if not check(data[name]):
+            return f"has a field {name!r} of the wrong shape ({str(data[name])[:60]!r})"
+    for name, check in LATER_FIELDS.items():
+        if name in data and not check(data[name]):
             return f"has a field {name!r} of the wrong shape ({str(data[name])[:60]!r})"
     return None

@@ -33,9 +33,13 @@ def test_readable_output_golden(pods, doctor, monkeypatch) -> None:
     Refresh after an intended change: TMAGUARD_UPDATE_GOLDEN=1 pytest tests/doctor -k golden"""
     pod = pods("vcuda")
     run = doctor(pod, "--json")
-    report = _normalise(
-        run.report, {str(pod.root): "/pod", SITE: "/site-packages", str(run.record_dir): "/records"}
-    )
+    replacements = {str(pod.root): "/pod", SITE: "/site-packages", str(run.record_dir): "/records"}
+    for library in run.report["decision"]["layer_files"]:  # which build: this machine's compiler's
+        replacements[f"{library['size']} bytes"] = "SIZE bytes"
+        replacements[library["sha256"]] = "SHA256-12HEX"
+        replacements[library["build_id"]] = "BUILD-ID"
+        replacements.update(dict.fromkeys(library["versions"], "COMPILER"))
+    report = _normalise(run.report, replacements)
     monkeypatch.delenv("COLUMNS", raising=False)
     out = io.StringIO()
     render_text(report, file=out)

@@ -6,7 +6,8 @@ process is inherited but the environment; JSON carries the parent's sys.path. Pr
 
 Modes:
 - nvml: nvml.probe_with_nvml(): NVML through the pod's own libnvidia-ml.so.1 (--active only).
-- plain: cuda-python initialises CUDA through the pod's libcuda.so.1 and encodes a tensor map on a real
+- plain: which preloaded sharing layers the loader mapped into this fresh process (its /proc/self/maps);
+  then cuda-python initialises CUDA through the pod's libcuda.so.1 and encodes a tensor map on a real
   allocation, as any CUDA program in the pod would.
 - guarded: the guard runs first (its real activate(): overlay or shims, routing), then
   cuTensorMapEncodeTiled is bound the way vLLM's extensions bind it (the global scope, then their own NEEDED
@@ -218,6 +219,35 @@ def cuda_python_check() -> dict[str, Any]:
     return result
 
 
+def preload_check() -> list[dict[str, Any]]:
+    """Each preload entry of a sharing layer this process's loader was given (its LD_PRELOAD, the real
+    /etc/ld.so.preload) and whether it is in /proc/self/maps: whether the layer is in force in a process
+    started as the pod starts them."""
+    from vllm_tmaguard import files, layers, preloads, process
+
+    from_env = preloads.split_preload(os.environ.get(preloads.PRELOAD_ENV, ""))
+    text = files.read_text(preloads.PRELOAD_FILE, 1 << 20) or ""
+    entries = {e: preloads.PRELOAD_ENV for e in from_env}
+    for entry in preloads.preload_file_entries(text):
+        entries.setdefault(entry, preloads.PRELOAD_FILE)
+    try:
+        maps = files.read_bytes("/proc/self/maps", noted=False).decode("utf-8", "surrogateescape")
+    except OSError:
+        return []
+    mapped = set(process.mapped_files(maps))
+    names = {os.path.basename(path) for path in mapped}
+    return [
+        {
+            "entry": entry,
+            "source": source,
+            "layer": layer,
+            "mapped": entry in mapped or os.path.basename(entry) in names or files.realpath(entry) in mapped,
+        }
+        for entry, source in entries.items()
+        if (layer := layers.preloaded_layer(entry)) in layers.JUDGED
+    ]
+
+
 def run(mode: str, args: dict[str, Any]) -> dict[str, Any]:
     if mode == "nvml":
         from vllm_tmaguard.nvml import probe_with_nvml
@@ -226,6 +256,8 @@ def run(mode: str, args: dict[str, Any]) -> dict[str, Any]:
         return {**facts._asdict(), "gpus": [gpu._asdict() for gpu in facts.gpus]}
     out: dict[str, Any] = {"guard": None, "binding": None, "cuda_python": None, "error": None}
     try:
+        if mode == "plain":
+            out["preloads"] = preload_check()
         if mode == "guarded":
             os.environ["TMAGUARD_RECORD_DIR"] = args["record_dir"]  # the pod's own last.json stays as it is
             from vllm_tmaguard.guard import activate

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...codes import OVERLAY_FAILED, SHIM_FAILED
+from ...layers import LABELS
 from .base import finding, fix
 
 _ACTION_FAILURES = frozenset({OVERLAY_FAILED, SHIM_FAILED})
@@ -105,11 +106,51 @@ def _encode_finding(key: str, label: str, result: dict[str, Any], newer: bool) -
     return None
 
 
+def preload_findings(plain: dict[str, Any]) -> list[dict[str, Any]]:
+    """Whether each preloaded sharing layer is mapped in a fresh process (the plain child's
+    /proc/self/maps): in force where one of its entries is. What the loader said of the others is on that
+    process's standard error."""
+    rows = (plain["result"] or {}).get("preloads") or []
+    said = [line for line in (plain["run"]["stderr_tail"] or "").splitlines() if "ld.so" in line]
+    findings = []
+    for layer in dict.fromkeys(row["layer"] for row in rows):
+        entries = [row for row in rows if row["layer"] == layer]
+        label, mapped = LABELS.get(layer, layer), [row["entry"] for row in entries if row["mapped"]]
+        if mapped:
+            findings.append(
+                finding(
+                    "active-layer-in-force",
+                    "ok",
+                    f"{label} is loaded in a fresh process",
+                    f"{mapped[0]} is in the /proc/self/maps of a process started here.",
+                    subject=layer,
+                )
+            )
+            continue
+        named = "; ".join(f"{row['entry']} (from {row['source']})" for row in entries)
+        findings.append(
+            finding(
+                "active-layer-not-in-force",
+                "error",
+                f"{label} is NOT loaded in a fresh process: its limits are not in force",
+                f"None of its preload entries is in the /proc/self/maps of a process started here: {named}. "
+                "Every CUDA call there goes to NVIDIA's driver unmetered."
+                + (f" The loader said: {' '.join(said)}" if said else ""),
+                subject=layer,
+                fix=fix(
+                    "Make the entries loadable (the layer-not-in-force finding says why each is skipped and "
+                    "how to fix it), then restart the pod."
+                ),
+            )
+        )
+    return findings
+
+
 def active_findings(report: dict[str, Any]) -> list[dict[str, Any]]:
     active = report["active_check"]
     if active is None:
         return []
-    findings = nvml_findings(active["nvml"])
+    findings = nvml_findings(active["nvml"]) + preload_findings(active["plain"])
     newer = any(g["capability"] and g["capability"][0] >= 9 for g in report["gpu"]["gpus"])
     for key in ("guarded", "plain"):
         result, run = active[key]["result"], active[key]["run"]

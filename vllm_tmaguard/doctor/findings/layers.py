@@ -1,14 +1,15 @@
 """Findings about what a sharing layer does to vLLM beyond what libcuda.so.1 lacks: what it meters and what
 bypasses it (the record's `metering`, per commit family: metering.py), its known caveats with their fixes,
-the look-ups the overlay answers instead of the layer, and what the conditions found beside it break (its
-daemon's socket missing, a hook this glibc cannot load)."""
+the look-ups the overlay answers instead of the layer, what the conditions found beside it break (its
+daemon's socket missing, a hook this glibc cannot load, a layer configured but not loaded), and which build
+its library is (the record's `layer_files`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from ... import metering as m
-from ...codes import CUDA_BROKEN
+from ...codes import CUDA_BROKEN, LAYER_NOT_IN_FORCE
 from .base import finding, fix
 
 _STATUS_WORDS = {
@@ -131,6 +132,8 @@ def layer_detail_findings(report: dict[str, Any]) -> list[dict[str, Any]]:
     decision = report["decision"]
     findings = _broken_findings(decision) + _replaced_findings(report)
     labels = {layer["name"]: layer["label"] for layer in report["layers"]}
+    files = decision.get("layer_files") or []
+    findings += [_library_finding(f, labels.get(f["layer"], f["layer"])) for f in files]
     for layer in decision.get("metering") or []:
         findings.append(_metering_finding(layer, labels.get(layer["layer"], layer["layer"])))
         findings += [_caveat_finding(layer["layer"], caveat) for caveat in layer["caveats"]]
@@ -138,7 +141,8 @@ def layer_detail_findings(report: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _broken_findings(decision: dict[str, Any]) -> list[dict[str, Any]]:
-    """The problems after which no CUDA call succeeds in the pod (codes.CUDA_BROKEN)."""
+    """The problems after which no CUDA call succeeds in the pod (codes.CUDA_BROKEN), and a layer configured
+    but not loaded (CUDA works, without the quota the pod was given)."""
     return [
         finding(
             problem["code"],
@@ -149,8 +153,24 @@ def _broken_findings(decision: dict[str, Any]) -> list[dict[str, Any]]:
             fix=fix(problem["fix"][:1].upper() + problem["fix"][1:] + "."),
         )
         for problem in decision["problems"]
-        if problem["code"] in CUDA_BROKEN
+        if problem["code"] in CUDA_BROKEN or problem["code"] == LAYER_NOT_IN_FORCE
     ]
+
+
+def _library_finding(library: dict[str, Any], label: str) -> dict[str, Any]:
+    """Which build of the layer this pod has, to match a failure to a build across nodes."""
+    parts = [f"{library['size']} bytes" if library.get("size") is not None else None]
+    parts += [f"sha256 {library['sha256']}... (first 12 hex digits)" if library.get("sha256") else None]
+    parts += [f"build ID {library['build_id']}" if library.get("build_id") else None]
+    parts += [f"built by {'; '.join(library['versions'])}" if library.get("versions") else None]
+    parts += [f"unreadable: {library['error']}" if library.get("error") else None]
+    return finding(
+        "layer-library",
+        "info",
+        f"{label}'s library: {library['path']}",
+        ", ".join(p for p in parts if p) + ".",
+        subject=library["layer"],
+    )
 
 
 def _replaced_findings(report: dict[str, Any]) -> list[dict[str, Any]]:
