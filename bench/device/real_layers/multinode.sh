@@ -27,7 +27,7 @@ if [ "${STAGE:-}" = ray ]; then
   exit
 fi
 modes=("$@"); [ ${#modes[@]} -gt 0 ] || modes=(mp ray)
-out=$state/multinode && rm -rf "$out" && mkdir -p "$out"
+out=${OUT:-$state/multinode} && mkdir -p "$out"  # logs straight into $OUT: they come back even if the call is cut
 nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 bash bench/device/e2e/setup.sh > "$out/setup.log" 2>&1 || { tail -30 "$out/setup.log"; exit 1; }
 LAYERS="hami-8c32de6" bash $here/build.sh > "$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
@@ -35,7 +35,7 @@ site=/tmp/e2e/site:/tmp/e2e/v25:$(pwd)/bench/device/e2e/probe
 [ -d /tmp/ray-site ] && site=$site:/tmp/ray-site
 export PYTHONPATH=$site:$(pwd)/bench/device
 
-echo "== issue 32 item 3: HAMi-core's preload names a file that is gone"
+echo "$(date +%T) == issue 32 item 3: HAMi-core's preload names a file that is gone"
 gone=$state/pods/hami-8c32de6+gone
 bash $here/pod.sh hami-8c32de6+gone -- true > /dev/null 2>&1  # lays the pod out
 echo /usr/local/vgpu/gone/libvgpu.so > "$gone/etc/ld.so.preload"
@@ -46,18 +46,18 @@ grep -hE "tmaguard pid|cannot be preloaded|^RESULT" "$out/gone.log" | cut -c1-50
 model=/tmp/e2e/model
 node() {  # N NAME=VALUE... -- COMMAND...: node N's pod (its GPU, its records, the probe)
   local n=$1; shift
-  mkdir -p "$out/node$n/probe"
-  bash $here/pod.sh "hami-8c32de6+n$n" CUDA_VISIBLE_DEVICES=$n TMAGUARD_RECORD_DIR=$out/node$n/records \
-    E2E_PROBE_DIR=$out/node$n/probe HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_USE_FLASHINFER_SAMPLER=0 \
+  mkdir -p "$state/node$n/probe"
+  bash $here/pod.sh "hami-8c32de6+n$n" CUDA_VISIBLE_DEVICES=$n NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 TMAGUARD_RECORD_DIR=$out/node$n/records \
+    E2E_PROBE_DIR=$state/node$n/probe HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_USE_FLASHINFER_SAMPLER=0 \
     VLLM_CACHE_ROOT=/tmp/e2e/cache "$@"
 }
 ready() {  # PORT SECONDS
   for _ in $(seq "$2"); do curl -sf "http://127.0.0.1:$1/health" > /dev/null && return 0; sleep 1; done; return 1
 }
 probe_all() {  # every noted process answers (SIGWINCH), then its result is printed
-  for note in "$out"/node*/probe/pid-*; do kill -WINCH "${note##*pid-}" 2> /dev/null; done
+  for note in "$state"/node*/probe/pid-*; do kill -WINCH "${note##*pid-}" 2> /dev/null; done
   sleep 15
-  for result in "$out"/node*/probe/result-*.json; do
+  for result in "$state"/node*/probe/result-*.json; do
     [ -f "$result" ] && python3 -c "import json,sys; r=json.load(open(sys.argv[1]))
 if r.get('cuda'): print('PROBE', sys.argv[1].split('/')[-3], r['pid'], r.get('title'), 'total %.2f GiB' % (r['total']/2**30), '10 GiB more:', r.get('past_limit'))" "$result"
   done
@@ -78,8 +78,8 @@ print('RECORD node$n', r['pid'], r['trigger'][:40], '|', r['summary'][:90], '|',
 stop_all() { pkill -f "vllm.entrypoints" ; pkill -f "ray::" ; sleep 3; pkill -9 -f "vllm.entrypoints"; PYTHONPATH=$site python3 -c "import sys; from ray.scripts.scripts import main; sys.exit(main())" stop --force > /dev/null 2>&1; sleep 2; }
 serve=(python3 -m vllm.entrypoints.cli.main serve "$model" --tensor-parallel-size 2 --port 8300 --seed 0)
 for mode in "${modes[@]}"; do
-  echo "== $mode"
-  rm -rf "$out"/node*/probe "$out"/node*/records
+  echo "$(date +%T) == $mode"
+  rm -rf "$state"/node*/probe "$out"/node*/records
   if [ "$mode" = mp ]; then
     node 0 -- "${serve[@]}" --nnodes 2 --node-rank 0 --master-addr 127.0.0.1 > "$out/mp-node0.log" 2>&1 &
     node 1 -- "${serve[@]}" --nnodes 2 --node-rank 1 --master-addr 127.0.0.1 --headless > "$out/mp-node1.log" 2>&1 &
@@ -97,6 +97,5 @@ for mode in "${modes[@]}"; do
   grep -hE "tmaguard pid" "$out"/${mode}*.log | cut -c1-260 | head -12
   grep -hE "Error|error" "$out"/${mode}*.log | grep -v "tmaguard" | head -8 | cut -c1-300
   stop_all
-  mkdir -p "$out/$mode" && cp -r "$out"/node* "$out/$mode/" 2>/dev/null
+  tar -czf "$out/$mode-records.tgz" -C "$out" node0 node1 2>/dev/null
 done
-tar -czf "${OUT:-/tmp}/multinode.tgz" -C "$state" multinode
