@@ -197,13 +197,15 @@ def plan_memory(
     chosen = flags.fraction or VLLM_DEFAULT_FRACTION
     by_user = flags.fraction is not None
     fits = fitting_fraction(limit.limit) if limit else None
-    if setting == "off" or flags.kv_cache is not None:
+    # A process that is no server's front and was given no fraction gets its share from whoever builds its
+    # engine (a Ray worker's from the EngineCore, over the wire): its own argv says nothing about it.
+    if setting == "off" or flags.kv_cache is not None or not (flags.serve or by_user):
         return MemoryPlan(limit, fits, chosen, by_user, None, ())
     problems: list[Problem] = []
     set_to = None
     if limit is not None and (fits is None or _above(chosen, fits)):
         left = limit.limit * (1 - float(chosen)) if not _above(chosen, "1") else 0.0
-        if by_user or setting == "warn" or not flags.serve or fits is None:
+        if by_user or setting == "warn" or fits is None:
             let_guard = "" if by_user else " (or let the guard set it: TMAGUARD_MEMORY=fit)"
             fix = (
                 f"{FRACTION_FLAG} {fits}{let_guard}"

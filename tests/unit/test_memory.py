@@ -98,9 +98,11 @@ def test_warn_and_off_and_a_kv_cache_budget() -> None:
     assert plan_memory(EIGHT, MemoryFlags("0.95", "4294967296", True), (), "fit").problems == ()
 
 
-def test_not_a_server_cannot_be_given_the_flag() -> None:
-    (problem,) = plan_memory(EIGHT, MemoryFlags(), (), "fit").problems  # an offline LLM(): said, not set
-    assert problem.code == MEMORY_FRACTION_TOO_HIGH
+def test_a_process_that_is_no_server_is_neither_given_the_flag_nor_warned() -> None:
+    # A Ray worker (or any process whose engine is built elsewhere): its argv says nothing of its fraction.
+    plan = plan_memory(EIGHT, MemoryFlags(), (), "fit")
+    assert (plan.set_to, plan.problems, plan.fits) == (None, (), "0.84")
+    assert plan_memory(EIGHT, MemoryFlags("0.95", None, False), (), "fit").problems  # a value given: said
 
 
 def test_a_limit_nothing_fits() -> None:
