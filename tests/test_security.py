@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from faultkit import RESOLVE, UNDEFINED, Child, collect_all, run_modes
+from faultkit import RESOLVE, UNDEFINED, Child, collect_all, default_record_dir_at, run_modes
 from podkit import build_pod, scrubbed_environ
 
 from vllm_tmaguard import redaction, trust
@@ -213,14 +213,17 @@ def test_a_record_directory_that_is_not_ours_alone_is_refused(pods, tmp_path: Pa
     else:
         records.chmod(0o755 if weakness == "mode 0755" else 0o777)
     before = sorted(p.name for p in records.iterdir())
-    run = Child(pod, RESOLVE_AND_MAPS, tmp_path / "run", record_dir=records).collect(240)
+    default = tmp_path / "default-records"  # the process's /tmp/tmaguard-<uid>
+    default.mkdir(mode=0o700)
+    prefix = default_record_dir_at(default)
+    run = Child(pod, RESOLVE_AND_MAPS, tmp_path / "run", prefix=prefix, record_dir=records).collect(240)
     assert run.outcome == {"platform": "NvmlCudaPlatform"}
     line = run.line()
     pid = line.split("pid=", 1)[1].split(")", 1)[0]
     # The cause is clipped to fit the line; where the record went instead never is (the operator looks there).
     assert "overlay loaded;" in line and "PROBLEM: TMAGUARD_RECORD_DIR is refused: /tmp/" in line
     assert line.endswith(f"; record: /tmp/tmaguard-{os.getuid()}/process-{pid}.json")
-    written = json.loads((Path(f"/tmp/tmaguard-{os.getuid()}") / f"process-{pid}.json").read_text())
+    written = json.loads((default / f"process-{pid}.json").read_text())
     problem = written["problems"][0]
     assert problem["code"] == "record-dir-refused" and problem["subject"] == str(records)
     assert str(planted) not in _mapped(run.stdout)

@@ -11,6 +11,7 @@ import uuid
 from pathlib import Path
 
 from doctorkit import PRINTING, SITE, consumer
+from faultkit import default_record_dir_at
 from podkit import build_pod, scrubbed_environ
 
 from vllm_tmaguard.doctor.findings.active import nvml_findings
@@ -220,7 +221,12 @@ def test_a_refused_record_directory_is_a_finding(pods, doctor, tmp_path: Path) -
     shared.mkdir()
     shared.chmod(0o777)
     pod = pods("bare")
-    run = doctor(pod, "--json", env={"TMAGUARD_RECORD_DIR": str(shared), "HOME": str(tmp_path)})
+    default = tmp_path / "default-records"  # the process's /tmp/tmaguard-<uid>: not the user's own, empty
+    default.mkdir(mode=0o700)
+    python = (*default_record_dir_at(default), sys.executable)
+    env = {"TMAGUARD_RECORD_DIR": str(shared), "HOME": str(tmp_path)}
+    run = doctor(pod, "--json", env=env, python=python)
+    assert run.report["record"]["found"] is False
     finding = run.finding("record-dir-refused")
     assert finding["severity"] == "warning" and run.returncode == 1
     assert f"{shared} has mode 0777: everyone can enter it" in finding["detail"]

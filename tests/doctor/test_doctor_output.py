@@ -63,7 +63,6 @@ def test_readable_output_of_the_command(pods, doctor) -> None:
     assert not [line for line in lines if line != line.rstrip()]  # no padding to the terminal's width
 
 
-
 @pytest.mark.parametrize("encoding", ["ascii", "latin-1"])
 def test_readable_output_on_a_stream_that_is_not_utf8(pods, tmp_path: Path, encoding: str) -> None:
     """Issue 34: a `kubectl exec` without a UTF-8 locale (here PYTHONIOENCODING) gave "internal error:
@@ -86,6 +85,7 @@ def test_readable_output_on_a_stream_that_is_not_utf8(pods, tmp_path: Path, enco
     shown = "r\\xe9cords-\\u20ac" if encoding == "ascii" else "r\u00e9cords-\\u20ac"
     assert shown in "".join(line.strip() for line in lines), lines  # however the line was folded
     assert re.fullmatch(r"3 problems found \(exit 1\), [0-9.]+ ms", lines[-1]), lines[-1]
+
 
 @pytest.mark.parametrize(
     ("args", "env", "message"),
