@@ -130,6 +130,8 @@ def _facts(console: Console, report: dict[str, Any]) -> None:
     if record["found"]:
         last = record["record"]
         facts.add_row("Last record", f"{record['path']}: {last.get('time')}, {last.get('summary')}")
+    elif record["path"] is None:  # the asked directory and the default one both refused
+        facts.add_row("Last record", f"none: no record directory this user may read ({record['refused']})")
     else:
         why = f" ({record['error']})" if record["error"] else ""
         facts.add_row("Last record", f"none at {record['path']}{why}")
