@@ -612,14 +612,43 @@ def write_private(directory_path: str, name: str, data: bytes, mode: int = 0o600
         return opened.write(name, data, mode)
 
 
+def _install_parts(directory_path: str, relative: str) -> list[str]:
+    parts = [part for part in relative.split("/") if part not in ("", ".")]
+    if not parts or ".." in parts:
+        raise Refused(os.path.join(directory_path, relative), "is not a path inside the directory")
+    return parts
+
+
+def check_install(directory_path: str, relative: str) -> None:
+    """What install_file(directory_path, relative) would refuse, found before anything is written (a refused
+    install writes nothing): every directory on the way that exists, opened without following a link and
+    checked installable, and no directory in the file's place. Creates nothing. Raises OSError (Refused)."""
+    parts = _install_parts(directory_path, relative)
+    with contextlib.ExitStack() as stack:
+        dir_fd = stack.enter_context(directory(directory_path, private=False))
+        walked = directory_path
+        for part in parts[:-1]:
+            walked = os.path.join(walked, part)
+            try:
+                dir_fd = stack.enter_context(directory(part, private=False, at=dir_fd))
+            except FileNotFoundError:
+                return  # the install creates it, and what is under it
+            except Refused as refused:
+                raise Refused(walked, refused.why) from None
+        try:
+            info = os.stat(parts[-1], dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return
+        if stat_module.S_ISDIR(info.st_mode):
+            raise Refused(os.path.join(walked, parts[-1]), "is a directory, where a file is to be written")
+
+
 def install_file(directory_path: str, relative: str, data: bytes, mode: int) -> str:
     """Writes `relative` (a/b/file) under an installation directory (`tmaguard env`, `tmaguard inject`):
     every directory on the way opened without following a link and checked installable (created 0755 where
     absent), the file written atomically, so a link planted in its place is replaced, never followed. Returns
     its path. Raises OSError (Refused)."""
-    parts = [part for part in relative.split("/") if part not in ("", ".")]
-    if not parts or ".." in parts:
-        raise Refused(os.path.join(directory_path, relative), "is not a path inside the directory")
+    parts = _install_parts(directory_path, relative)
     with contextlib.ExitStack() as stack:
         dir_fd = stack.enter_context(directory(directory_path, private=False))
         walked = directory_path
