@@ -248,6 +248,38 @@ def test_a_stale_overlay_file_in_our_directory_is_replaced(pods, tmp_path: Path)
     assert action["kind"] == "load-overlay" and action["value"] == str(planted)
 
 
+def test_a_layer_others_can_change_is_said_by_guard_doctor_and_env(pods, run_python, tmp_path) -> None:
+    """Issue 34: the layer's directory on LD_LIBRARY_PATH is writable by others (a co-tenant could replace
+    libcuda.so.1). The loader loads that file in every process whether or not the guard runs, so the guard
+    changes nothing by standing its overlay in front of it, but it must say so; `tmaguard env` refused to
+    install the overlay there (vLLM then fails as without it) while the guard loaded it silently. Now all
+    three say the same thing, by its code: the guard's record (its overlay loaded), the doctor's finding,
+    and `tmaguard env`, which installs the overlay and warns (exit 0)."""
+    pod = pods("vcuda")
+    pod.lib_dir.chmod(0o777)
+    why = f"{pod.lib_dir} is writable by group 0 (mode 0777)"  # and by others: the first one is named
+    run = run_python(pod, "from vllm_tmaguard.guard import activate\nactivate('test')")
+    record = run.last_record()
+    (problem,) = [p for p in record["problems"] if p["code"] == "layer-writable"]
+    assert why in problem["cause"] and problem["subject"] == str(pod.lib_dir / "libcuda.so.1"), problem
+    assert record["outcome"] == "supplied" and record["actions"][0]["kind"] == "load-overlay"
+    assert record["actions"][0]["applied"] is True
+
+    env = {**scrubbed_environ(), **pod.env}
+    command = [sys.executable, "-m", "vllm_tmaguard"]
+    doctor = subprocess.run([*command, "doctor", "--json"], env=env, capture_output=True, text=True)
+    (finding,) = [f for f in json.loads(doctor.stdout)["findings"] if f["id"] == "layer-writable"]
+    assert finding["severity"] == "warning" and why in finding["detail"] and doctor.returncode == 1
+    install = tmp_path / "install"
+    done = subprocess.run(
+        [*command, "env", "--install-dir", str(install)], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"# installed {install}/libcuda.so.1" in done.stdout
+    assert f"# warning: {problem['cause']}" in done.stdout, done.stdout
+    assert done.stdout.splitlines()[-1] == f"export LD_LIBRARY_PATH={install}:{pod.lib_dir}"
+
+
 def test_tmaguard_root_never_makes_the_guard_load_a_file(tmp_path: Path, standins) -> None:
     """TMAGUARD_ROOT points the probes at another tree. A libcuda.so.1 found there (its default
     directories), where this process's loader never looks, must not become the overlay's dependency:
