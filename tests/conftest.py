@@ -84,7 +84,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         message = "\n".join(["The suite changed the user's own directories (tests use their own):", *changed])
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
-            reporter.write_line(message, red=True)
+            reporter.write("\n" + message + "\n", red=True)  # after the progress line
         else:
             print(message, file=sys.stderr)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
