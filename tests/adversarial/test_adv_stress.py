@@ -107,6 +107,9 @@ def test_kill_9_mid_write_leaves_every_file_valid(pods, tmp_path: Path) -> None:
     temporary files the killed writers left (aged past files.STALE_TEMPORARY_S here, as time would)."""
     pod = pods("vcuda")
     records = tmp_path / "records"
+    # Made here, empty: on a loaded machine every process of the three rounds may be killed before one of
+    # them has made it (the planted file below then had no directory to go in).
+    records.mkdir(mode=0o700)
     env = guard_environ(pod, records)
     seed = random.randrange(1 << 32)
     rng = random.Random(seed)
