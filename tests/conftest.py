@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+import podkit
 import pytest
 from podkit import (
     DEFAULT_BUILD_DIR,
@@ -23,12 +27,74 @@ from podkit import (
 from releasekit import Release, shared_release
 
 UNIT_TESTS = Path(__file__).resolve().parent / "unit"
+REPO = Path(__file__).resolve().parent.parent
+
+# The suite's own record directory, for this process (test modules import vLLM, and its .pth hook runs the
+# guard here) and every process a test starts without naming one (podkit.scrubbed_environ): never the
+# user's default /tmp/tmaguard-<uid>, whose records `tmaguard doctor` would then report. Set before any test
+# module is imported.
+SUITE_RECORDS = tempfile.mkdtemp(prefix="tmaguard-suite-records-")
+os.environ["TMAGUARD_RECORD_DIR"] = podkit.SUITE_RECORD_DIR = SUITE_RECORDS
+# What the suite must leave as it found it: the user's default record directory, and the demo's pod and
+# records (scripts/demo.py: the demo's own line names a record there).
+USERS_OWN = (Path(f"/tmp/tmaguard-{os.getuid()}"), REPO / "build" / "demo")
 # humming-kernels (which vLLM's Humming kernel imports) starts two background builds of its GPU launcher at
 # import, each a Python that imports torch; with no GPU they never finish a build and every vLLM process
 # starts them again (about 4 CPU-seconds per vLLM start on this 2-CPU machine). Its own switch turns the
 # prebuild off; it builds on first use instead, which no test reaches. Nothing the guard or vLLM's selectors
 # do depends on it. Set here, so every process a test starts inherits it.
 os.environ.setdefault("HUMMING_DISABLE_PARALLEL_BUILD", "1")
+
+
+def _snapshot(path: Path) -> dict[str, tuple[int, int, int, int]] | None:
+    """Every entry under `path` (links not followed) with its inode, mode, size and modification time;
+    None where `path` does not exist."""
+    if not os.path.lexists(path):
+        return None
+    entries = {}
+    for directory, names, files in os.walk(path):
+        for name in [".", *names, *files]:
+            entry = os.path.normpath(os.path.join(directory, name))
+            with contextlib.suppress(FileNotFoundError):
+                info = os.lstat(entry)
+                entries[entry] = (info.st_ino, info.st_mode, info.st_size, info.st_mtime_ns)
+    return entries
+
+
+def _controller() -> bool:
+    return "PYTEST_XDIST_WORKER" not in os.environ  # with xdist: before every worker and after them all
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if _controller():
+        session.config.stash[_USERS_OWN] = {path: _snapshot(path) for path in USERS_OWN}
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The suite fails where it changed the user's own directories (USERS_OWN)."""
+    if not _controller() or _USERS_OWN not in session.config.stash:
+        return
+    changed = []
+    for path, before in session.config.stash[_USERS_OWN].items():
+        old, new = before or {}, _snapshot(path) or {}
+        touched = sorted(entry for entry in {*old, *new} if old.get(entry) != new.get(entry))
+        if touched:
+            changed.append(f"{path}: {len(touched)} entries changed, e.g. {', '.join(touched[:5])}")
+    if changed:
+        message = "\n".join(["The suite changed the user's own directories (tests use their own):", *changed])
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write("\n" + message + "\n", red=True)  # after the progress line
+        else:
+            print(message, file=sys.stderr)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(SUITE_RECORDS, ignore_errors=True)
+
+
+_USERS_OWN = pytest.StashKey[dict]()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -94,12 +160,14 @@ def run_python(tmp_path: Path) -> Callable[..., Run]:
         records: str = "records",
         termination_log: Path | None = None,
         args: Sequence[str] = (),
+        prefix: Sequence[str] = (),
     ) -> Run:
         """`termination_log`: the process sees this file as the kubelet's /dev/termination-log (a private
-        mount namespace, podkit.as_kubelet_container); `args`: the process's command line after `-c`."""
+        mount namespace, podkit.as_kubelet_container); `args`: the process's command line after `-c`;
+        `prefix`: what runs it (faultkit's prefixes)."""
         record_dir = tmp_path / records
         child_env = child_environ(pod, record_dir, env)
-        command = [python, "-c", code, *args]
+        command = [*prefix, python, "-c", code, *args]
         done = subprocess.run(
             as_kubelet_container(command, termination_log) if termination_log else command,
             env=child_env,

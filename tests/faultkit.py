@@ -196,8 +196,39 @@ def private_mounts(script: str, *args: str) -> tuple[str, ...]:
     return prefix
 
 
-def read_only(directory: Path) -> tuple[str, ...]:
-    return private_mounts('mount --bind "$1" "$1" && mount -o remount,bind,ro "$1"', str(directory))
+# A private /tmp (a tmpfs holding the real one's entries, bound) in which the guard's default record
+# directory, /tmp/tmaguard-<uid>, is $1: a test of the fall-back to it never touches the user's own. The old
+# /tmp is reached through a descriptor opened before the tmpfs covers it (paths not canonicalised: that
+# would name the covered /tmp again).
+_DEFAULT_RECORD_DIR_AT = r"""set -e
+records_at=$1 default=/tmp/tmaguard-$(id -u)
+exec 3</tmp
+mount -t tmpfs -o mode=1777 tmpfs /tmp
+for old in /proc/self/fd/3/* /proc/self/fd/3/.[!.]*; do
+  new=/tmp/${old#/proc/self/fd/3/}
+  if [ "$new" = "$default" ] || ! { [ -e "$old" ] || [ -L "$old" ]; }; then continue; fi
+  if [ -L "$old" ]; then cp -P "$old" "$new"
+  elif [ -d "$old" ]; then mkdir "$new" && mount --no-canonicalize --rbind "$old" "$new"
+  else touch "$new" && mount --no-canonicalize --bind "$old" "$new"; fi
+done
+mkdir -m 700 "$default"
+mount --bind "$records_at" "$default"
+exec 3<&-"""
+
+
+def default_record_dir_at(scratch: Path) -> tuple[str, ...]:
+    """A prefix under which the guard's default record directory is `scratch` (a directory the test made
+    0700), so that what the guard writes there after refusing TMAGUARD_RECORD_DIR lands in the test's own."""
+    return private_mounts(_DEFAULT_RECORD_DIR_AT, str(scratch))
+
+
+def read_only(directory: Path, default_records: Path | None = None) -> tuple[str, ...]:
+    """`directory` read-only; with `default_records`, the default record directory that too (where the
+    guard writes when TMAGUARD_RECORD_DIR, on the read-only file system, is refused)."""
+    if default_records is None:
+        return private_mounts('mount --bind "$1" "$1" && mount -o remount,bind,ro "$1"', str(directory))
+    script = f'{_DEFAULT_RECORD_DIR_AT}\nmount --bind "$2" "$2" && mount -o remount,bind,ro "$2"'
+    return private_mounts(script, str(default_records), str(directory))
 
 
 def no_proc() -> tuple[str, ...]:

@@ -84,10 +84,19 @@ SCRUBBED_PREFIXES = (
 )
 
 
+# The test suite's own record directory (tests/conftest.py makes it): a process a test starts without naming
+# a record directory writes there, never into the user's default one (/tmp/tmaguard-<uid>).
+SUITE_RECORD_DIR: str | None = None
+
+
 def scrubbed_environ(extra_prefixes: tuple[str, ...] = ()) -> dict[str, str]:
-    """os.environ without the variables that would leak into an emulated pod's processes."""
+    """os.environ without the variables that would leak into an emulated pod's processes; in the test
+    suite, TMAGUARD_RECORD_DIR its own directory (SUITE_RECORD_DIR)."""
     prefixes = SCRUBBED_PREFIXES + extra_prefixes
-    return {k: v for k, v in os.environ.items() if not k.startswith(prefixes)}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(prefixes)}
+    if SUITE_RECORD_DIR is not None:
+        env["TMAGUARD_RECORD_DIR"] = SUITE_RECORD_DIR
+    return env
 
 
 def child_environ(

@@ -14,10 +14,11 @@ REPO = Path(__file__).resolve().parent.parent
 SCREEN = 25  # lines, together with the environment build's lines when it is up to date (two)
 
 
-def demo(*args: str) -> subprocess.CompletedProcess[str]:
+def demo(build: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """scripts/demo.py with its pod and records in `build` (not the user's build/demo)."""
     env = {**scrubbed_environ(), "COLUMNS": "100"}
     return subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "demo.py"), *args],
+        [sys.executable, str(REPO / "scripts" / "demo.py"), "--build", str(build), *args],
         env=env,
         capture_output=True,
         text=True,
@@ -26,8 +27,8 @@ def demo(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_the_demo_fits_a_screen_and_says_where_the_record_and_the_doctor_are() -> None:
-    done = demo()
+def test_the_demo_fits_a_screen_and_says_where_the_record_and_the_doctor_are(tmp_path: Path) -> None:
+    done = demo(tmp_path / "demo")
     assert done.returncode == 0 and done.stderr == "", done.stderr
     lines = done.stdout.splitlines()
     assert len(lines) + 2 <= SCREEN, done.stdout
@@ -37,10 +38,11 @@ def test_the_demo_fits_a_screen_and_says_where_the_record_and_the_doctor_are() -
     assert len(line) <= GUARD_LINE_LIMIT and "overlay loaded" in line
     assert "vLLM started its CUDA platform: NvmlCudaPlatform" in with_guard
     record = next(line for line in lines if line.startswith("The guard's full record: ")).split(": ", 1)[1]
-    assert json.loads((REPO / record).read_text())["supplied"]["cuTensorMapEncodeTiled"] == "overlay"
-    assert lines[-1] == "The doctor on this pod:  bash scripts/demo.sh doctor"
+    assert record == str(tmp_path / "demo" / "records" / "last.json")
+    assert json.loads(Path(record).read_text())["supplied"]["cuTensorMapEncodeTiled"] == "overlay"
+    assert lines[-1] == f"The doctor on this pod:  bash scripts/demo.sh --build {tmp_path / 'demo'} doctor"
 
-    doctor = demo("doctor")
+    doctor = demo(tmp_path / "demo", "doctor")
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
     assert "Last record" in doctor.stdout and "none at" not in doctor.stdout  # it read the demo's record
     assert doctor.stdout.splitlines()[-1].startswith("healthy (exit 0)")

@@ -46,6 +46,7 @@ def run_as_arbitrary_user(image: tuple[Path, Pod]) -> tuple[Result, dict]:
     base, pod = image
     uid = 1000680000 + random.randrange(10000)  # OpenShift's range; fresh, so its record dir is too
     env = {**scrubbed_environ(), **pod.env, "PYTHONPATH": str(base / "site"), "HOME": "/tmp"}
+    env.pop("TMAGUARD_RECORD_DIR", None)  # the uid's default, fresh: not the suite's (root's)
     user = ("setpriv", f"--reuid={uid}", "--regid=0", "--clear-groups", "--")
     command = [*user, sys.executable, "-c", RESOLVE]
     records = Path(f"/tmp/tmaguard-{uid}")

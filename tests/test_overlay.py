@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from faultkit import default_record_dir_at
 
 VCUDA = ["vcuda", "vcuda-v105"]
 GIB = 1 << 30
@@ -85,14 +86,14 @@ print("RESULT " + json.dumps(out))
 """
 
 
-def consumers(run_python, pod, **env: str):
+def consumers(run_python, pod, prefix: tuple[str, ...] = (), **env: str):
     settings = {
         "LAYER": str(pod.lib_dir / "libcuda.so.1"),
         "REAL_DRIVER": str(pod.real_driver),
         "PAST_QUOTA": str(30 * GIB),
         **env,
     }
-    return run_python(pod, CONSUMERS, settings)
+    return run_python(pod, CONSUMERS, settings, prefix=prefix)
 
 
 @pytest.mark.parametrize("kind", VCUDA)
@@ -198,17 +199,19 @@ def test_libcuda_loaded_first_falls_back_to_the_shims_and_says_how_to_fix(pods, 
     )
 
 
-def test_a_refused_record_directory_is_said_and_the_default_one_used(pods, run_python) -> None:
-    run = consumers(run_python, pods("vcuda"), TMAGUARD_RECORD_DIR="/proc/tmaguard-cannot-write-here")
+def test_a_refused_record_directory_is_said_and_the_default_one_used(pods, run_python, tmp_path) -> None:
+    default = tmp_path / "default-records"  # the process's /tmp/tmaguard-<uid>
+    default.mkdir(mode=0o700)
+    prefix = default_record_dir_at(default)
+    run = consumers(run_python, pods("vcuda"), prefix, TMAGUARD_RECORD_DIR="/proc/tmaguard-cannot-write-here")
     assert run.result["init"] == 0
     (line,) = run.guard_lines()
     assert "overlay loaded;" in line and "WARNING" in line
     assert "PROBLEM: TMAGUARD_RECORD_DIR is refused: cannot create /proc/tmaguard-cannot-write-here" in line
     assert "fix: point TMAGUARD_RECORD_DIR at a directory only this user can enter (0700)" in line
-    default = Path(f"/tmp/tmaguard-{os.getuid()}")
     record = json.loads((default / "last.json").read_text())
     assert record["problems"][0]["code"] == "record-dir-refused"
-    assert record["record_file"].startswith(str(default))
+    assert record["record_file"] == f"/tmp/tmaguard-{os.getuid()}/process-{record['pid']}.json"
 
 
 def test_without_any_private_directory_the_overlay_stays_in_memory(pods) -> None:

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from faultkit import RESOLVE, UNDEFINED, Child, collect_all, run_modes
+from faultkit import RESOLVE, UNDEFINED, Child, collect_all, default_record_dir_at, run_modes
 from podkit import build_pod, scrubbed_environ
 
 from vllm_tmaguard import redaction, trust
@@ -213,14 +213,17 @@ def test_a_record_directory_that_is_not_ours_alone_is_refused(pods, tmp_path: Pa
     else:
         records.chmod(0o755 if weakness == "mode 0755" else 0o777)
     before = sorted(p.name for p in records.iterdir())
-    run = Child(pod, RESOLVE_AND_MAPS, tmp_path / "run", record_dir=records).collect(240)
+    default = tmp_path / "default-records"  # the process's /tmp/tmaguard-<uid>
+    default.mkdir(mode=0o700)
+    prefix = default_record_dir_at(default)
+    run = Child(pod, RESOLVE_AND_MAPS, tmp_path / "run", prefix=prefix, record_dir=records).collect(240)
     assert run.outcome == {"platform": "NvmlCudaPlatform"}
     line = run.line()
     pid = line.split("pid=", 1)[1].split(")", 1)[0]
     # The cause is clipped to fit the line; where the record went instead never is (the operator looks there).
     assert "overlay loaded;" in line and "PROBLEM: TMAGUARD_RECORD_DIR is refused: /tmp/" in line
     assert line.endswith(f"; record: /tmp/tmaguard-{os.getuid()}/process-{pid}.json")
-    written = json.loads((Path(f"/tmp/tmaguard-{os.getuid()}") / f"process-{pid}.json").read_text())
+    written = json.loads((default / f"process-{pid}.json").read_text())
     problem = written["problems"][0]
     assert problem["code"] == "record-dir-refused" and problem["subject"] == str(records)
     assert str(planted) not in _mapped(run.stdout)
@@ -243,6 +246,38 @@ def test_a_stale_overlay_file_in_our_directory_is_replaced(pods, tmp_path: Path)
     assert str(planted) in _mapped(run.stdout) and "overlay loaded" in run.line()
     action = run.last_record()["actions"][0]
     assert action["kind"] == "load-overlay" and action["value"] == str(planted)
+
+
+def test_a_layer_others_can_change_is_said_by_guard_doctor_and_env(pods, run_python, tmp_path) -> None:
+    """Issue 34: the layer's directory on LD_LIBRARY_PATH is writable by others (a co-tenant could replace
+    libcuda.so.1). The loader loads that file in every process whether or not the guard runs, so the guard
+    changes nothing by standing its overlay in front of it, but it must say so; `tmaguard env` refused to
+    install the overlay there (vLLM then fails as without it) while the guard loaded it silently. Now all
+    three say the same thing, by its code: the guard's record (its overlay loaded), the doctor's finding,
+    and `tmaguard env`, which installs the overlay and warns (exit 0)."""
+    pod = pods("vcuda")
+    pod.lib_dir.chmod(0o777)
+    why = f"{pod.lib_dir} is writable by group 0 (mode 0777)"  # and by others: the first one is named
+    run = run_python(pod, "from vllm_tmaguard.guard import activate\nactivate('test')")
+    record = run.last_record()
+    (problem,) = [p for p in record["problems"] if p["code"] == "layer-writable"]
+    assert why in problem["cause"] and problem["subject"] == str(pod.lib_dir / "libcuda.so.1"), problem
+    assert record["outcome"] == "supplied" and record["actions"][0]["kind"] == "load-overlay"
+    assert record["actions"][0]["applied"] is True
+
+    env = {**scrubbed_environ(), **pod.env}
+    command = [sys.executable, "-m", "vllm_tmaguard"]
+    doctor = subprocess.run([*command, "doctor", "--json"], env=env, capture_output=True, text=True)
+    (finding,) = [f for f in json.loads(doctor.stdout)["findings"] if f["id"] == "layer-writable"]
+    assert finding["severity"] == "warning" and why in finding["detail"] and doctor.returncode == 1
+    install = tmp_path / "install"
+    done = subprocess.run(
+        [*command, "env", "--install-dir", str(install)], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"# installed {install}/libcuda.so.1" in done.stdout
+    assert f"# warning: {problem['cause']}" in done.stdout, done.stdout
+    assert done.stdout.splitlines()[-1] == f"export LD_LIBRARY_PATH={install}:{pod.lib_dir}"
 
 
 def test_tmaguard_root_never_makes_the_guard_load_a_file(tmp_path: Path, standins) -> None:

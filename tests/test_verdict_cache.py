@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from podkit import DEFAULT_DRIVER, write_gpus
+from podkit import DEFAULT_DRIVER, build_pod, write_gpus
 from test_guard_vllm import DRIVER_CALLS, RESOLVE_PLATFORM
 
 # What differs between two processes' records of one verdict.
@@ -159,6 +159,34 @@ def test_a_secret_that_would_show_in_the_stored_record_is_no_replay(pods, run_py
     assert str(pod.lib_dir) not in json.dumps(own) and "<redacted $SERVICE_API_KEY>" in json.dumps(own)
     harmless = run_python(pod, SAYS_PID + GUARD_ONLY, {"SOME_SETTING": str(pod.lib_dir)})
     assert record(harmless)["replayed_from"] == record(first)["pid"]  # the redacted one was not stored
+
+
+def strings(value) -> list[str]:
+    """Every string in a JSON-like value, keys included."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [text for key, item in value.items() for text in [key, *strings(item)]]
+    if isinstance(value, list):
+        return [text for item in value for text in strings(item)]
+    return []
+
+
+@pytest.mark.parametrize(
+    "secret", ["p\u00e4ssw\u00f6rd", 'pass"wo\\rd'], ids=["non-ascii", "quote-backslash"]
+)
+def test_a_secret_escaped_in_the_stored_record_is_no_replay(standins, run_python, tmp_path, secret) -> None:
+    """Issue 34: the stored record is JSON whose text escapes a non-ASCII character, a quote or a backslash;
+    a later process whose secret holds one (the pod's path here) must still find it there: it gets the full
+    run, which redacts it, and its record never holds the secret."""
+    pod = build_pod(tmp_path / secret, "vcuda", cc="9.0")
+    first = run_python(pod, SAYS_PID + GUARD_ONLY)
+    assert record(first)["libcuda"]["path"] == str(pod.lib_dir / "libcuda.so.1")
+    later = run_python(pod, SAYS_PID + GUARD_ONLY, {"SERVICE_API_KEY": str(pod.lib_dir)})
+    own = record(later)
+    assert own.get("replayed_from") is None
+    assert not [text for text in strings(own) if str(pod.lib_dir) in text]
+    assert own["libcuda"]["path"] == "<redacted $SERVICE_API_KEY>/libcuda.so.1"
 
 
 def test_a_module_to_block_already_imported_is_no_replay(pods, run_python) -> None:

@@ -206,12 +206,19 @@ def wheel_configmap(
     """Print the `tmaguard-wheel` ConfigMap (binaryData, each wheel under its file name) that the pods of
     `tmaguard manifests` mount: `tmaguard wheel-configmap dist/*.whl | kubectl apply --server-side -f -`.
     With --into DIR, write the one wheel as DIR/vllm-tmaguard.whl instead, for the configMapGenerator of
-    deploy/k8s/overlays/vcuda-stock-image. Every wheel's RECORD is checked first; the digests to pin on the
-    init container (TMAGUARD_WHEEL_SHA256) are printed on stderr."""
+    deploy/k8s/overlays/vcuda-stock-image, and its pin as DIR/wheel-pin.yaml, the overlay's patch of the init
+    container. Every wheel's RECORD is checked first; the digests to pin on the init container
+    (TMAGUARD_WHEEL_SHA256) are printed on stderr."""
     from . import files
     from .manifests.configmap import wheel_configmap as make
     from .manifests.stream import dump
-    from .manifests.zero_image import OVERLAY_WHEEL, WHEEL_CONFIGMAP, pin_variable
+    from .manifests.zero_image import (
+        OVERLAY_PIN,
+        OVERLAY_WHEEL,
+        WHEEL_CONFIGMAP,
+        overlay_pin_patch,
+        pin_variable,
+    )
     from .wheel import sha256
 
     found = [_checked_wheel(path) for path in wheels]
@@ -221,12 +228,15 @@ def wheel_configmap(
         if len(found) != 1:
             _echo("tmaguard wheel-configmap: --into takes one wheel (the one for your nodes)", err=True)
             raise typer.Exit(EXIT_USAGE)
+        pinned = overlay_pin_patch((sha256(found[0].data),)).encode()
         try:
             written = files.install_file(into, OVERLAY_WHEEL, found[0].data, 0o644)
+            pin_file = files.install_file(into, OVERLAY_PIN, pinned, 0o644)
         except OSError as error:
             _echo(f"tmaguard wheel-configmap: {into}: refused: {error}", err=True)
             raise typer.Exit(EXIT_FINDINGS) from error
         _echo(f"wrote {written} ({found[0].machine or 'any machine'}, vllm-tmaguard {found[0].version})")
+        _echo(f"pinned in {pin_file} (the init container's {variable['name']})")
         _echo(pin, err=True)
         return
     try:

@@ -28,6 +28,7 @@ LAYER_BYPASSED = "layer-bypassed"  # the pod's layer is configured, this process
 DRIVER_TOO_OLD = "driver-too-old"  # the NVIDIA driver predates the CUDA runtime torch and vLLM were built for
 # A layer configured (preloaded, or its limits set) that the loader does not load: CUDA works, unmetered.
 LAYER_NOT_IN_FORCE = "layer-not-in-force"
+LAYER_WRITABLE = "layer-writable"  # the libcuda.so.1 the loader picks others can change (loaded anyway)
 
 # Problems after which no CUDA call succeeds in the pod (the doctor never calls TMA usable beside one).
 CUDA_BROKEN = frozenset({LOOKUP_SWAPPED, LAYER_DAEMON_MISSING, LAYER_CANNOT_LOAD, DRIVER_TOO_OLD})

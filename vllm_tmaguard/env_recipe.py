@@ -32,14 +32,9 @@ def _why(error: OSError) -> str:
 
 def _refusal(facts: Facts, root: str) -> str | None:
     """Why no overlay may be written for this layer file: one found through TMAGUARD_ROOT (not what this
-    process's loader finds), or one someone besides root and this user can change (the overlay would make
-    every vLLM process load it)."""
-    driver = facts.driver
-    refused = trust.probe_root_problem(root, driver.resolution.how, driver.path)
-    if refused is None and driver.path is not None:
-        problem = trust.path_problem(driver.path)
-        refused = f"{driver.path}: {problem}" if problem else None
-    return refused
+    process's loader finds). One that others can change is no refusal: the loader loads it into every
+    process anyway, as the guard's overlay does (recipe warns, with the guard's own problem)."""
+    return trust.probe_root_problem(root, facts.driver.resolution.how, facts.driver.path)
 
 
 def recipe(
@@ -79,6 +74,9 @@ def recipe(
         "# look-ups itself); the layer keeps metering every call it knows. Every process must find it first",
         "# on its library path.",
     ]
+    writable = trust.writable_layer(driver.path, driver.resolution.how, root)
+    if writable is not None:  # the guard's record carries the same problem (pipeline.decide)
+        lines += [f"# warning: {writable.cause}", f"# ({writable.consequence}); fix: {writable.fix}"]
     if install_dir:
         try:
             lines += install(overlay_image(driver.path), install_dir)

@@ -512,6 +512,13 @@ def _write_in(dir_fd: int, name: str, data: bytes, mode: int, path: str) -> None
     renew(os.path.join(path, name))
 
 
+def beyond_newest(mtimes: dict[str, int], keep: int) -> list[str]:
+    """The names beyond the newest `keep` by modification time (ties: by name, so that every process
+    pruning at once agrees). Only names that exist: one removed by another process since the listing must
+    not take a place among the newest (a real record would be removed in its stead)."""
+    return sorted(mtimes, key=lambda name: (mtimes[name], name), reverse=True)[keep:]
+
+
 class PrivateDirectory:
     """The guard's private directory, opened and checked once (files.directory), written through its
     descriptor."""
@@ -551,7 +558,7 @@ class PrivateDirectory:
             kept = [n for n in names if n.startswith(prefix) and n.endswith(suffix)]
             removed = self._stale(names)
             if len(kept) > keep:
-                removed += sorted(kept, key=self._age, reverse=True)[keep:]
+                removed += beyond_newest(self._mtimes(kept), keep)
             self._remove(removed)
             for name in (name for name, is_directory in entries if is_directory):
                 with contextlib.suppress(OSError), directory(name, at=self.fd) as fd:
@@ -564,20 +571,23 @@ class PrivateDirectory:
             self._remove(self._stale(os.listdir(self.fd)))
 
     def _stale(self, names: list[str]) -> list[str]:
-        horizon = time.time() - STALE_TEMPORARY_S
+        horizon = time.time_ns() - STALE_TEMPORARY_S * 1_000_000_000
         temporary = [n for n in names if n.startswith(".") and n.endswith(TEMPORARY_SUFFIX)]
-        return [n for n in temporary if self._age(n) < horizon]
+        return [n for n, mtime in self._mtimes(temporary).items() if mtime < horizon]
 
     def _remove(self, names: list[str]) -> None:
         for name in names:
             with contextlib.suppress(OSError):
                 os.unlink(name, dir_fd=self.fd)
 
-    def _age(self, name: str) -> float:
-        try:
-            return os.stat(name, dir_fd=self.fd, follow_symlinks=False).st_mtime
-        except OSError:
-            return float("inf")  # gone already: nothing to remove
+    def _mtimes(self, names: list[str]) -> dict[str, int]:
+        """Each name's modification time (ns), of the names still there: another process may have removed
+        one since the listing."""
+        mtimes = {}
+        for name in names:
+            with contextlib.suppress(OSError):
+                mtimes[name] = os.stat(name, dir_fd=self.fd, follow_symlinks=False).st_mtime_ns
+        return mtimes
 
     def subdirectory(self, name: str) -> str:
         """`name`, created 0700 if absent, checked private itself; its path."""
@@ -602,14 +612,43 @@ def write_private(directory_path: str, name: str, data: bytes, mode: int = 0o600
         return opened.write(name, data, mode)
 
 
+def _install_parts(directory_path: str, relative: str) -> list[str]:
+    parts = [part for part in relative.split("/") if part not in ("", ".")]
+    if not parts or ".." in parts:
+        raise Refused(os.path.join(directory_path, relative), "is not a path inside the directory")
+    return parts
+
+
+def check_install(directory_path: str, relative: str) -> None:
+    """What install_file(directory_path, relative) would refuse, found before anything is written (a refused
+    install writes nothing): every directory on the way that exists, opened without following a link and
+    checked installable, and no directory in the file's place. Creates nothing. Raises OSError (Refused)."""
+    parts = _install_parts(directory_path, relative)
+    with contextlib.ExitStack() as stack:
+        dir_fd = stack.enter_context(directory(directory_path, private=False))
+        walked = directory_path
+        for part in parts[:-1]:
+            walked = os.path.join(walked, part)
+            try:
+                dir_fd = stack.enter_context(directory(part, private=False, at=dir_fd))
+            except FileNotFoundError:
+                return  # the install creates it, and what is under it
+            except Refused as refused:
+                raise Refused(walked, refused.why) from None
+        try:
+            info = os.stat(parts[-1], dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return
+        if stat_module.S_ISDIR(info.st_mode):
+            raise Refused(os.path.join(walked, parts[-1]), "is a directory, where a file is to be written")
+
+
 def install_file(directory_path: str, relative: str, data: bytes, mode: int) -> str:
     """Writes `relative` (a/b/file) under an installation directory (`tmaguard env`, `tmaguard inject`):
     every directory on the way opened without following a link and checked installable (created 0755 where
     absent), the file written atomically, so a link planted in its place is replaced, never followed. Returns
     its path. Raises OSError (Refused)."""
-    parts = [part for part in relative.split("/") if part not in ("", ".")]
-    if not parts or ".." in parts:
-        raise Refused(os.path.join(directory_path, relative), "is not a path inside the directory")
+    parts = _install_parts(directory_path, relative)
     with contextlib.ExitStack() as stack:
         dir_fd = stack.enter_context(directory(directory_path, private=False))
         walked = directory_path

@@ -85,15 +85,17 @@ class Placed(NamedTuple):
 
 def place(entries: Iterable[tuple[str, bytes, int]], target: str) -> Placed:
     """Writes the entries and sitecustomize.py under `target` (files.install_file: nothing followed through a
-    link planted there, every directory on the way only root's or this user's to change). Raises OSError
-    (files.Refused, trust.UntrustedPath) or InjectError."""
+    link planted there, every directory on the way only root's or this user's to change). Every place is
+    checked before the first file is written: a refused install writes nothing (`target` itself may have
+    been created or tightened, trust.make_install_dir). Raises OSError (files.Refused, trust.UntrustedPath)
+    or InjectError."""
     tightened = trust.make_install_dir(target)
-    written = []
-    for relative, data, mode in entries:
+    written = [*entries, ("sitecustomize.py", SITECUSTOMIZE.encode(), 0o644)]
+    for relative, _, _ in written:
+        files.check_install(target, relative)
+    for relative, data, mode in written:
         files.install_file(target, relative, data, mode | 0o444)
-        written.append(relative)
-    files.install_file(target, "sitecustomize.py", SITECUSTOMIZE.encode(), 0o644)
-    return Placed([*written, "sitecustomize.py"], tightened)
+    return Placed([relative for relative, _, _ in written], tightened)
 
 
 def inject(target: str) -> Placed:

@@ -47,7 +47,7 @@ from .stop import stop_for, tell_kubernetes
 from .store import RecordDir, open_record_dir
 from .supply import SupplyPlan, plan_supply
 from .toggles import Toggles, read_toggles
-from .trust import probe_root_problem
+from .trust import probe_root_problem, writable_layer
 from .verdict import by_effect, observe_process, remember
 
 # Problems of this process alone, not of its inputs: a verdict holding one is not replayed to others.
@@ -154,8 +154,9 @@ def decide(
         *driver_problems(facts, gpus),  # the driver cannot run torch's and vLLM's CUDA: nothing works
         *_bypassed(facts), *layer_problems(facts.layers), *launch_problems, *unsupplied,
         *_root_problem(refused), *supply_problems,
-        *routing_problems, *(route.problems if route else ()), *_probe_problems(facts), *toggle_problems,
-        *([records.problem()] if records.refused else []),
+        *routing_problems, *(route.problems if route else ()), *_probe_problems(facts),
+        *filter(None, [writable_layer(facts.driver.path, facts.driver.resolution.how, toggles.root)]),
+        *toggle_problems, *([records.problem()] if records.refused else []),
     )  # fmt: skip
     record = assemble(
         trigger,

@@ -18,9 +18,13 @@ import errno
 import functools
 import os
 import stat
+from typing import TYPE_CHECKING
 
 from . import files
 from .files import make_install_dirs, make_private_dirs, tighten
+
+if TYPE_CHECKING:
+    from .outcomes import Problem
 
 
 class UntrustedPath(OSError):
@@ -140,6 +144,32 @@ def _not_private(path: str) -> str | None:
         return f"{path}: {error.strerror or error}"
     problem = files.private_problem(info)
     return f"{path} {problem}" if problem else None
+
+
+def writable_layer(path: str | None, how: str, root: str) -> Problem | None:
+    """The libcuda.so.1 this process's loader picks (`how`: how it found it), where someone besides root and
+    this user can change it who cannot change this package's code: a co-tenant-writable directory on
+    LD_LIBRARY_PATH, say. The loader loads it into every process whether or not the guard runs, so the
+    guard's overlay, which loads the same file, is no worse; the guard and `tmaguard env` both say so,
+    with this problem. None where it is trusted, or found only under TMAGUARD_ROOT (nothing is loaded for
+    that one: probe_root_problem)."""
+    if path is None or probe_root_problem(root, how, path) is not None:
+        return None
+    problem = path_problem(path)
+    if problem is None:
+        return None
+    from .codes import LAYER_WRITABLE
+    from .outcomes import Problem
+
+    return Problem(
+        LAYER_WRITABLE,
+        cause=f"libcuda.so.1 ({path}) is loaded from where others can change it: {problem}",
+        consequence="whoever can change it can change the code every process of this container loads, with "
+        "or without the guard (the loader finds it; the guard's overlay loads the same file)",
+        fix=f"make {os.path.dirname(path)} and {path} root's (or this user's) and not writable by group or "
+        "others, or take that directory off LD_LIBRARY_PATH",
+        subject=path,
+    )
 
 
 def make_install_dir(path: str) -> str | None:

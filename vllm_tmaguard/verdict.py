@@ -224,12 +224,21 @@ def _replayable_here(entry: dict[str, Any], text: str) -> bool:
         if any(path_problem(path) is not None for path, _, _ in redo["load"]):
             return False
     shortest, same = entry["secret_min"], entry["process"]["env"]
-    appearing = {k: v for k, v in os.environ.items() if k not in same and len(v) >= shortest and v in text}
+    appearing = {
+        k: v for k, v in os.environ.items() if k not in same and len(v) >= shortest and _in_json(v, text)
+    }
     if not appearing:
         return True
     from .redaction import secret_values
 
     return not secret_values(appearing)
+
+
+def _in_json(value: str, text: str) -> bool:
+    """Whether `value` appears in `text`, JSON as json.dumps writes it: a non-ASCII character, a quote, a
+    backslash or a control character there is escaped (the raw value would never be found)."""
+    plain = value.isascii() and value.isprintable() and '"' not in value and "\\" not in value
+    return (value if plain else json.dumps(value)[1:-1]) in text
 
 
 def _issuable(record: dict[str, Any]) -> str | None:

@@ -88,8 +88,13 @@ def pod_in(base: Path, kind: str = "vcuda", **gpu: Any) -> Pod:
 
 
 def pod_env(pod: Pod, home: Path, **extra: str) -> dict[str, str]:
-    """The environment of a process in `pod`: scrubbed, the pod's variables, `extra`."""
-    return {**scrubbed_environ(), **pod.env, "HOME": str(home), **extra}
+    """The environment of a process in `pod`: scrubbed, the pod's variables, `extra`. No record directory
+    unless `extra` names one: these processes run as fresh uids, whose default one is their own (fresh_uids
+    removes it), not the suite's (root's)."""
+    env = {**scrubbed_environ(), **pod.env, "HOME": str(home), **extra}
+    if "TMAGUARD_RECORD_DIR" not in extra:
+        env.pop("TMAGUARD_RECORD_DIR", None)
+    return env
 
 
 def snapshot(directory: Path) -> dict[str, tuple[Any, ...]]:

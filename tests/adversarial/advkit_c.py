@@ -41,7 +41,8 @@ def start_together(
     command: list[str], count: int, env: dict[str, str], scratch: Path
 ) -> list[tuple[int, str]]:
     """`count` processes of `command` + [go, ready, trigger] (ACTIVATE_AT_ONCE), released together once all
-    are ready; (pid, stdout) of each, its guard lines checked."""
+    are ready (a process not ready in 60 s fails the test: released late, it would race nobody); (pid,
+    stdout) of each, its guard lines checked."""
     scratch.mkdir()
     go = scratch / "go"
     children = []
@@ -55,6 +56,12 @@ def start_together(
     deadline = time.monotonic() + 60
     while not all(ready.exists() for ready, _ in children) and time.monotonic() < deadline:
         time.sleep(0.005)
+    late = [index for index, (ready, _) in enumerate(children) if not ready.exists()]
+    if late:  # released anyway, they would start one after another: no race tested
+        for _, child in children:
+            child.kill()
+            child.communicate()
+        raise AssertionError(f"{len(late)} of {count} processes were not ready in 60 s: {late[:8]}")
     go.touch()
     outputs = []
     for _, child in children:

@@ -83,7 +83,7 @@ def test_inject_refuses_what_a_co_tenant_planted(tmp_path: Path, planted: str) -
     DIR/vllm_tmaguard is M's link to a root-owned directory; "the volume itself": DIR is M's (0777) with
     those links. M's sitecustomize.py links to a root-owned file too. At 1cc570e inject (as root) wrote
     through all of them. Now it refuses (exit status 1) naming the path and why, the root-owned files and
-    directory are unchanged, and nothing is written into M's directory."""
+    directory are unchanged, and nothing is written into M's directory, nor anywhere in DIR."""
     victim = _victim(tmp_path / "victim")
     victim_dir = tmp_path / "victim-dir"
     victim_dir.mkdir()
@@ -118,6 +118,8 @@ def test_inject_refuses_what_a_co_tenant_planted(tmp_path: Path, planted: str) -
         why = "is a symbolic link" if planted == "subdirectory link" else f"uid {attacker}"
         assert f"refused: {refused}" in done.stderr and why in done.stderr, done.stderr
         assert (target / "sitecustomize.py").is_symlink(), "the hook was armed in a refused install"
+        # Issue 34: nothing written at all (the dist-info, checked before the package's own directory, was).
+        assert sorted(os.listdir(target)) == ["sitecustomize.py", "vllm_tmaguard"], os.listdir(target)
 
 
 def test_inject_into_a_world_writable_volume_of_its_own_tightens_it(tmp_path: Path) -> None:

@@ -69,20 +69,24 @@ def test_env_never_installs_an_overlay_of_a_libcuda_found_only_under_tmaguard_ro
     assert not marker.exists(), "the guard loaded a libcuda.so.1 found only under TMAGUARD_ROOT"
 
 
-def test_env_refuses_a_libcuda_others_can_replace(tmp_path: Path) -> None:
+def test_env_warns_of_a_libcuda_others_can_replace(tmp_path: Path) -> None:
     """Item 2 (the trust check of that file): the libcuda.so.1 this process's loader finds
-    (LD_LIBRARY_PATH) sits in a world-writable directory: anyone could replace it, and the overlay would
-    make every vLLM process load it. At 1cc570e `tmaguard env --install-dir` installed the overlay in front
-    of it. Now: exit status 1, the refusal says which file and why, nothing installed, nothing loaded."""
+    (LD_LIBRARY_PATH) sits in a world-writable directory: anyone could replace it. At 1cc570e `tmaguard env
+    --install-dir` installed the overlay in front of it saying nothing. After issue 25 it refused (exit 1),
+    while the guard in a process loaded the overlay in front of the same file silently; but the loader loads
+    that file into every process whatever either does, so refusing protected nothing and left vLLM failing.
+    Since issue 34 both say it the same way (layer-writable, docs/SECURITY.md): env installs the overlay,
+    warns with the file and why (exit 0), and never loads the file itself."""
     libs, marker, install = tmp_path / "libs", tmp_path / "marker", tmp_path / "overlay"
     planted_libcuda(libs / "libcuda.so.1", marker)
     libs.chmod(0o777)
     env = {**scrubbed_environ(), "LD_LIBRARY_PATH": str(libs)}
     done = _run([*TMAGUARD, "env", "--install-dir", str(install)], env, tmp_path)
-    assert not marker.exists(), "tmaguard env loaded the untrusted libcuda.so.1"
-    assert done.returncode == 1, done.stdout + done.stderr
-    assert "refused" in done.stdout and f"{libs} is writable by" in done.stdout, done.stdout
-    assert not install.exists() or os.listdir(install) == [], os.listdir(install)
+    assert not marker.exists(), "tmaguard env loaded the libcuda.so.1 others can replace"
+    assert done.returncode == 0, done.stdout + done.stderr
+    warning = f"# warning: libcuda.so.1 ({libs / 'libcuda.so.1'}) is loaded from where others can change it: "
+    assert warning + f"{libs} is writable by" in done.stdout, done.stdout
+    assert os.listdir(install) == ["libcuda.so.1"] and done.stdout.endswith(f"={install}:{libs}\n")
 
 
 VICTIM_DATA = b"a file the attacker wants the stop message appended to\n"

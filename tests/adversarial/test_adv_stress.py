@@ -6,6 +6,7 @@ with the record's documented shape (advkit_c), not with the package's own reader
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -52,6 +53,39 @@ def test_64_processes_at_once_on_an_empty_record_directory(pods, tmp_path: Path)
     assert temporaries(records) == []
 
 
+def test_64_processes_at_once_onto_64_records_keep_every_fresh_record(pods, tmp_path: Path) -> None:
+    """Issue 34: 64 processes released together onto a record directory already holding 65 older records
+    (a pod's earlier processes, aged an hour). Each prunes to the newest 64 while the others remove names
+    under it: a name another process removed a moment before must not take a place among the newest. Every
+    record an issued line names is there afterwards, its own; none of the older ones is."""
+    pod = pods("vcuda")
+    records = tmp_path / "records"
+    earlier = document_of(run_guard(pod, records).stdout)  # its verdict is what the 64 replay
+    assert earlier is not None and earlier["problems"] == []
+    hour_ago = time.time() - 3600
+    older = [Path(earlier["record_file"])]
+    for index in range(64):
+        pid = 10_000_000 + index  # above any pid_max: no fresh process has it
+        path = records / f"process-{pid}.json"
+        path.write_text(json.dumps({**earlier, "pid": pid, "record_file": str(path)}))
+        path.chmod(0o600)
+        older.append(path)
+    for path in older:
+        os.utime(path, (hour_ago, hour_ago))
+
+    command = [sys.executable, "-c", ACTIVATE_AT_ONCE]
+    outputs = start_together(command, 64, guard_environ(pod, records), tmp_path / "start")
+    documents = {pid: document_of(stdout) for pid, stdout in outputs}
+    for pid, document in documents.items():
+        assert document is not None and document["record_file"] == str(records / f"process-{pid}.json")
+    kept = assert_directory_sound(records)
+    lost = sorted(f"process-{pid}.json" for pid in documents if f"process-{pid}.json" not in kept)
+    assert lost == [], f"{len(lost)} fresh records pruned: {lost}"
+    assert set(kept) == {f"process-{pid}.json" for pid in documents}  # the 65 older ones gone
+    for pid, document in documents.items():
+        assert kept[f"process-{pid}.json"] == document
+
+
 def _kill_at_random(processes: list[subprocess.Popen[bytes]], rng: random.Random, within_s: float) -> int:
     """SIGKILL each process at a random moment within `within_s` of now (unless it has finished); how many
     were killed."""
@@ -73,6 +107,9 @@ def test_kill_9_mid_write_leaves_every_file_valid(pods, tmp_path: Path) -> None:
     temporary files the killed writers left (aged past files.STALE_TEMPORARY_S here, as time would)."""
     pod = pods("vcuda")
     records = tmp_path / "records"
+    # Made here, empty: on a loaded machine every process of the three rounds may be killed before one of
+    # them has made it (the planted file below then had no directory to go in).
+    records.mkdir(mode=0o700)
     env = guard_environ(pod, records)
     seed = random.randrange(1 << 32)
     rng = random.Random(seed)

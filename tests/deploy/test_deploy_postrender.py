@@ -18,7 +18,7 @@ from pathlib import Path
 import helm_python as helm
 import pytest
 import yaml
-from deploykit import DEPLOY, render
+from deploykit import DEPLOY, find, render
 from test_deploy_zero_image import _configmap_volume, _forged, run_init_container
 
 from vllm_tmaguard.manifests import stream, zero_image
@@ -190,6 +190,29 @@ def test_it_refuses_to_guess_and_says_how_to_name_the_container() -> None:
     assert plain.returncode == 0
     no_vllm = manifests(helm_template(CHARTS / "stack", {}))  # the router alone
     assert no_vllm.returncode == 1 and "no container runs vLLM here" in no_vllm.stderr
+
+
+@pytest.mark.parametrize("kustomization", ["base", "overlays/vcuda", "overlays/hami"])
+def test_the_repositorys_own_manifests_through_the_post_renderer(kustomization: str) -> None:
+    """Issue 34: deploy/k8s/base was refused: its vllm container runs the preflight script (the
+    tmaguard-preflight ConfigMap, mounted), which ends in `exec vllm serve "$@"`. A container whose command
+    runs that script runs vLLM; the same command from any other volume stays unclear."""
+    objects = render.build(DEPLOY / "k8s" / kustomization)
+    before = "".join("---\n" + yaml.safe_dump(o, sort_keys=False) for o in objects)
+    after = guarded(before)
+    (deployment,) = _changed(before, after)
+    pod_spec = deployment["spec"]["template"]["spec"]
+    (vllm,) = pod_spec["containers"]
+    assert pod_spec["initContainers"][0] == zero_image.init_container(vllm)
+    assert vllm["env"][-1] == {"name": "PYTHONPATH", "value": zero_image.PACKAGE_DIR}
+    assert render.schema_problems(deployment) == []
+
+    other = copy.deepcopy(find(objects, "Deployment", "vllm"))
+    for volume in other["spec"]["template"]["spec"]["volumes"]:
+        if volume.get("configMap", {}).get("name") == "tmaguard-preflight":
+            volume["configMap"]["name"] = "some-other-script"
+    still = manifests(stream.dump(other))
+    assert still.returncode == 1 and "container vllm: 'vllm' in its image or command" in still.stderr
 
 
 def test_leaderworkerset_the_worker_is_named_by_its_annotation() -> None:

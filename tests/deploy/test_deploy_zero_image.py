@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from deploykit import find, render, vllm_container
+from deploykit import DEPLOY, find, render, vllm_container
 from test_guard_vllm import RESOLVE_PLATFORM
 from test_no_rebuild import _decisions
 
@@ -39,7 +40,10 @@ def _pod(rendered) -> tuple[dict, dict, dict]:
 def test_the_overlay_adds_what_tmaguard_manifests_adds(rendered) -> None:
     """One install, two writers: the overlay's hand-written patch and the post-renderer's code agree."""
     pod, init, vllm = _pod(rendered)
-    assert init == zero_image.init_container(vllm)
+    # Its pin's place (wheel-pin.yaml) as the repository holds it: empty, no pin, until `wheel-configmap
+    # --into` writes the wheel's digest there (test_wheel_configmap_into_the_overlay_pins_its_init_container).
+    assert init == {**zero_image.init_container(vllm), "env": [zero_image.pin_variable(())]}
+    assert (DEPLOY / "k8s" / OVERLAY / zero_image.OVERLAY_PIN).read_text() == zero_image.overlay_pin_patch(())
     wheel_volume = next(v for v in pod["volumes"] if v["name"] == zero_image.WHEEL_VOLUME)
     assert [v for v in pod["volumes"] if v["name"].startswith("tmaguard-")][-2:] == zero_image.volumes(
         wheel_volume["configMap"]["name"]
@@ -232,6 +236,27 @@ def test_wheel_configmap_prints_the_configmap_the_post_renderer_mounts(release, 
     from vllm_tmaguard import wheel
 
     assert wheel.for_this_machine(str(layout), "aarch64").path.endswith("aarch64.whl")
+
+
+def test_wheel_configmap_into_the_overlay_pins_its_init_container(release, tmp_path) -> None:
+    """Issue 34: the overlay had no place for the pin that wheel-configmap prints. `tmaguard wheel-configmap
+    WHEEL --into` the overlay writes the wheel and its pin there (wheel-pin.yaml); the overlay then renders
+    the init container `tmaguard manifests --wheel WHEEL` adds: pinned to that wheel."""
+    k8s = tmp_path / "k8s"
+    shutil.copytree(DEPLOY / "k8s", k8s, ignore=shutil.ignore_patterns("*.whl"))
+    overlay = k8s / OVERLAY
+    genuine = release.wheels["x86_64"]
+    done = subprocess.run(
+        [TMAGUARD, "wheel-configmap", str(genuine), "--into", str(overlay)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    digest = hashlib.sha256(genuine.read_bytes()).hexdigest()
+    assert done.stderr.strip().endswith(f"TMAGUARD_WHEEL_SHA256={digest}")
+    assert f"pinned in {overlay / 'wheel-pin.yaml'}" in done.stdout, done.stdout
+    objects = render.build(overlay)
+    (init,) = find(objects, "Deployment", "vllm")["spec"]["template"]["spec"]["initContainers"]
+    assert init == zero_image.init_container(vllm_container(objects), (digest,))
+    assert init["env"] == [{"name": "TMAGUARD_WHEEL_SHA256", "value": digest}]
 
 
 def test_a_wheel_its_record_does_not_vouch_for_is_refused(release, tmp_path) -> None:

@@ -11,6 +11,7 @@ import uuid
 from pathlib import Path
 
 from doctorkit import PRINTING, SITE, consumer
+from faultkit import default_record_dir_at
 from podkit import build_pod, scrubbed_environ
 
 from vllm_tmaguard.doctor.findings.active import nvml_findings
@@ -213,6 +214,22 @@ def test_only_this_interpreters_abi_counts_and_missing_files_are_one_finding(pod
     assert [e.module for e in guard_view.extensions].count("vllm.third_party.deep_gemm._C") == 1
 
 
+def test_no_record_directory_at_all_is_said_in_the_header(pods, doctor, tmp_path: Path) -> None:
+    """Issue 34: TMAGUARD_RECORD_DIR and the default directory both refused (open to everyone): the header
+    said "Last record none at None". It says there is no record directory this user may read, and why."""
+    shared, default = tmp_path / "shared", tmp_path / "default-records"  # the latter: /tmp/tmaguard-<uid>
+    for directory in (shared, default):
+        directory.mkdir()
+        directory.chmod(0o777)
+    python = (*default_record_dir_at(default), sys.executable)
+    run = doctor(pods("bare"), env={"TMAGUARD_RECORD_DIR": str(shared), "COLUMNS": "400"}, python=python)
+    assert run.returncode == 1, run.stdout + run.stderr
+    (header,) = [line for line in run.stdout.splitlines() if line.startswith("Last record")]
+    assert "None" not in header, header
+    assert header.startswith("Last record   none: no record directory this user may read (")
+    assert f"{shared} has mode 0777" in header and f"/tmp/tmaguard-{os.getuid()} has mode 0777" in header
+
+
 def test_a_refused_record_directory_is_a_finding(pods, doctor, tmp_path: Path) -> None:
     """TMAGUARD_RECORD_DIR open to everyone: the guard refuses it and writes to its default directory; the
     doctor says so, and does not call the pod healthy when no record is there either."""
@@ -220,7 +237,12 @@ def test_a_refused_record_directory_is_a_finding(pods, doctor, tmp_path: Path) -
     shared.mkdir()
     shared.chmod(0o777)
     pod = pods("bare")
-    run = doctor(pod, "--json", env={"TMAGUARD_RECORD_DIR": str(shared), "HOME": str(tmp_path)})
+    default = tmp_path / "default-records"  # the process's /tmp/tmaguard-<uid>: not the user's own, empty
+    default.mkdir(mode=0o700)
+    python = (*default_record_dir_at(default), sys.executable)
+    env = {"TMAGUARD_RECORD_DIR": str(shared), "HOME": str(tmp_path)}
+    run = doctor(pod, "--json", env=env, python=python)
+    assert run.report["record"]["found"] is False
     finding = run.finding("record-dir-refused")
     assert finding["severity"] == "warning" and run.returncode == 1
     assert f"{shared} has mode 0777: everyone can enter it" in finding["detail"]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from doctorkit import GOLDEN, PRINTING, SITE
-from podkit import scrubbed_environ
+from podkit import child_environ, scrubbed_environ
 
 from vllm_tmaguard.doctor.render import render_text
 
@@ -61,6 +61,30 @@ def test_readable_output_of_the_command(pods, doctor) -> None:
     assert re.fullmatch(r"3 problems found \(exit 1\), [0-9.]+ ms", lines[-1].rstrip()), lines[-1]
     assert 'TMAGUARD_OVERLAY: "auto"' in run.stdout  # the line for the toggles' ConfigMap
     assert not [line for line in lines if line != line.rstrip()]  # no padding to the terminal's width
+
+
+@pytest.mark.parametrize("encoding", ["ascii", "latin-1"])
+def test_readable_output_on_a_stream_that_is_not_utf8(pods, tmp_path: Path, encoding: str) -> None:
+    """Issue 34: a `kubectl exec` without a UTF-8 locale (here PYTHONIOENCODING) gave "internal error:
+    UnicodeEncodeError" and exit 3. The report prints in the stream's encoding: tables drawn in ASCII, a
+    character the encoding lacks (the record directory's name here) as a backslash escape, the exit status
+    the diagnosis's."""
+    records = tmp_path / "r\u00e9cords-\u20ac"
+    env = child_environ(pods("vcuda"), records, {"TMAGUARD_OVERLAY": "off"}, PRINTING)
+    done = subprocess.run(
+        [sys.executable, "-m", "vllm_tmaguard", "doctor"],
+        env={**env, "PYTHONIOENCODING": encoding},
+        capture_output=True,
+        cwd=tmp_path,
+    )
+    assert (done.returncode, done.stderr) == (1, b""), done.stderr.decode(errors="replace")
+    lines = done.stdout.decode(encoding).splitlines()  # strict: every byte is the encoding's
+    for heading in ("Driver entry points by consumer", "GPU code in vLLM's extensions", "Findings", "Fix"):
+        assert heading in lines
+    assert any(set(line) == {"-", "+"} for line in lines)  # a table's rule, in ASCII
+    shown = "r\\xe9cords-\\u20ac" if encoding == "ascii" else "r\u00e9cords-\\u20ac"
+    assert shown in "".join(line.strip() for line in lines), lines  # however the line was folded
+    assert re.fullmatch(r"3 problems found \(exit 1\), [0-9.]+ ms", lines[-1]), lines[-1]
 
 
 @pytest.mark.parametrize(

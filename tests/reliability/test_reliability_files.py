@@ -165,7 +165,9 @@ def test_read_only_file_system(pods, tmp_path: Path) -> None:
     mount = tmp_path / "ro"
     mount.mkdir()
     records = mount / "records"
-    prefix = read_only(mount)
+    default = tmp_path / "default-records"  # the processes' /tmp/tmaguard-<uid>
+    default.mkdir(mode=0o700)
+    prefix = read_only(mount, default)
     runs = run_modes(
         pods("vcuda", nvml_is_layer=False),
         tmp_path / "runs",
@@ -178,6 +180,8 @@ def test_read_only_file_system(pods, tmp_path: Path) -> None:
     assert "overlay loaded;" in line and "WARNING" in line
     assert "PROBLEM: TMAGUARD_RECORD_DIR is refused: cannot create " in line
     assert not records.exists()
+    written = json.loads((default / "last.json").read_text())  # where the records went instead
+    assert "record-dir-refused" in [problem["code"] for problem in written["problems"]]
     assert_strict_stops(runs["strict"], f"cannot create {records}: Read-only file system")
 
 

@@ -29,13 +29,30 @@ def render_text(report: dict[str, Any], file: TextIO | None = None) -> None:
 
     out = file or sys.stdout
     terminal = out.isatty()
-    buffer = out if terminal else io.StringIO()
+    encoding = getattr(out, "encoding", None) or "utf-8"
+    buffer = _Buffer(encoding)
     width = None if terminal or "COLUMNS" in os.environ else 100
     console = Console(file=buffer, highlight=False, width=width, force_terminal=terminal or None)
     for section in (_header, _facts, _consumers, _architectures, _routing, _findings, _fix, _summary):
         section(console, report)
+    text = buffer.getvalue()
     if not terminal:
-        out.write("".join(line.rstrip() + "\n" for line in buffer.getvalue().splitlines()))
+        text = "".join(line.rstrip() + "\n" for line in text.splitlines())
+    out.write(text.encode(encoding, "backslashreplace").decode(encoding))
+
+
+class _Buffer(io.StringIO):
+    """What rich writes into, in the encoding of the stream the report goes to: on one that is not UTF-8
+    (a `kubectl exec` without a UTF-8 locale), rich draws its tables in ASCII; a character the encoding
+    lacks (a path's) is then written as a backslash escape."""
+
+    def __init__(self, encoding: str) -> None:
+        super().__init__()
+        self._encoding = encoding
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return self._encoding
 
 
 def _grid(label_width: int) -> Table:
@@ -113,6 +130,8 @@ def _facts(console: Console, report: dict[str, Any]) -> None:
     if record["found"]:
         last = record["record"]
         facts.add_row("Last record", f"{record['path']}: {last.get('time')}, {last.get('summary')}")
+    elif record["path"] is None:  # the asked directory and the default one both refused
+        facts.add_row("Last record", f"none: no record directory this user may read ({record['refused']})")
     else:
         why = f" ({record['error']})" if record["error"] else ""
         facts.add_row("Last record", f"none at {record['path']}{why}")

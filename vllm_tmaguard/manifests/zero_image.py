@@ -75,6 +75,28 @@ def pin_variable(pins: tuple[str, ...]) -> dict[str, str]:
     return {"name": PIN_VARIABLE, "value": ",".join(sorted(set(pins)))}
 
 
+# The overlay's place for the pin (deploy/k8s/overlays/vcuda-stock-image, after zero-image.yaml): a JSON 6902
+# patch of the init container's env, shipped empty (no pin), which `tmaguard wheel-configmap WHEEL --into
+# DIR` writes with WHEEL's digest. It is in the pod spec, not in a ConfigMap: changing it takes the rights to
+# change the Deployment.
+OVERLAY_PIN = "wheel-pin.yaml"
+_PIN_PATCH = """\
+# The init container's wheel pin, {variable}: the sha256 of each wheel it may place (empty: any
+# wheel its RECORD vouches for). `tmaguard wheel-configmap WHEEL --into DIR` writes this file with WHEEL's
+# digest (docs/operator.md, zero image).
+- op: add
+  path: /spec/template/spec/initContainers/0/env
+  value:
+    - name: {variable}
+      value: "{value}"
+"""
+
+
+def overlay_pin_patch(pins: tuple[str, ...]) -> str:
+    """The overlay's wheel-pin.yaml for `pins` (none: the file as the repository ships it)."""
+    return _PIN_PATCH.format(variable=PIN_VARIABLE, value=pin_variable(pins)["value"])
+
+
 def volumes(wheel_configmap: str = WHEEL_CONFIGMAP) -> list[dict[str, Any]]:
     return [
         {"name": PACKAGE_VOLUME, "emptyDir": {}},

@@ -6,7 +6,14 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ...codes import CUDA_BROKEN, ROUTING_IMPOSSIBLE, ROUTING_OVERRIDE, TOGGLE_INVALID, TOGGLE_UNKNOWN
+from ...codes import (
+    CUDA_BROKEN,
+    LAYER_WRITABLE,
+    ROUTING_IMPOSSIBLE,
+    ROUTING_OVERRIDE,
+    TOGGLE_INVALID,
+    TOGGLE_UNKNOWN,
+)
 from ...files import default_record_dir
 from .base import finding, fix
 
@@ -49,6 +56,17 @@ def decision_findings(report: dict[str, Any]) -> list[dict[str, Any]]:
                     "The guard overrides one of your settings",
                     problem["cause"],
                     subject=problem["subject"],
+                )
+            )
+        elif problem["code"] == LAYER_WRITABLE:
+            findings.append(
+                finding(
+                    "layer-writable",
+                    "warning",
+                    "Others can change the libcuda.so.1 every process here loads",
+                    f"{problem['cause']}: {problem['consequence']}.",
+                    subject=problem["subject"],
+                    fix=fix(problem["fix"][:1].upper() + problem["fix"][1:] + "."),
                 )
             )
         elif problem["code"] in (TOGGLE_INVALID, TOGGLE_UNKNOWN):
