@@ -192,20 +192,17 @@ def test_it_refuses_to_guess_and_says_how_to_name_the_container() -> None:
     assert no_vllm.returncode == 1 and "no container runs vLLM here" in no_vllm.stderr
 
 
-def test_leaderworkerset_the_worker_is_named_by_its_annotation() -> None:
+def test_leaderworkerset_through_the_command() -> None:
+    """vLLM's LWS example: the leader runs `vllm serve`, the worker vLLM's multi-node-serving.sh (the raylet
+    that hosts vLLM's Ray workers): both guarded by the command itself (every multi-node shape, in this
+    process: test_deploy_multinode.py)."""
     before = (SHAPES / "lws.yaml").read_text()
     done = manifests(before)
-    assert done.returncode == 1, done.stderr
-    assert "workerTemplate.spec: container vllm-worker: vLLM's image" in done.stderr
-    assert "leaderTemplate" not in done.stderr  # the leader runs `vllm serve`: no doubt there
-
-    lws = yaml.safe_load(before)
-    lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["metadata"] = {
-        "annotations": {"vllm-tmaguard/containers": "vllm-worker"}
-    }
-    annotated = stream.dump(lws)
-    after = guarded(annotated)
-    (changed,) = _changed(annotated, after)
+    assert done.returncode == 0, done.stderr
+    assert "workerTemplate.spec: vllm-worker" in done.stderr
+    assert "leaderTemplate.spec: vllm-leader" in done.stderr
+    after = guarded(before)
+    (changed,) = _changed(before, after)
     for role, name in (("leaderTemplate", "vllm-leader"), ("workerTemplate", "vllm-worker")):
         spec = changed["spec"]["leaderWorkerTemplate"][role]["spec"]
         _check_guarded(spec, [name])
