@@ -8,6 +8,7 @@ give their pods the zero-image install through the charts' own values."""
 
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
@@ -163,3 +164,72 @@ def _check_values_pod(pod: dict, python: str) -> None:
     assert {"name": zero_image.PACKAGE_VOLUME, "mountPath": zero_image.PACKAGE_DIR, "readOnly": True} in (
         vllm["volumeMounts"]
     )
+
+
+# The main container of KServe's well-known config (kserve/kserve config/llmisvc/config-llm-template.yaml,
+# bc3894bf), as the fragments' strategic merge finds it.
+KSERVE_MAIN = {
+    "name": "main",
+    "image": "ghcr.io/llm-d/llm-d:0.0.8",
+    "command": ["vllm", "serve", "{{ .Spec.Model.Name }}"],
+    "args": ["--served-model-name", "{{ .Spec.Model.Name }}", "--port", "8000"],
+    "env": [{"name": "HOME", "value": "/home"}, {"name": "HF_HUB_CACHE", "value": "/models"}],
+    "volumeMounts": [{"mountPath": "/home", "name": "home"}, {"mountPath": "/models", "name": "model-cache"}],
+}
+
+
+@pytest.mark.parametrize("place", ["template", "worker", "prefill.template", "prefill.worker"])
+def test_the_kserve_fragments_merge_to_what_tmaguard_manifests_adds(place, tmp_path) -> None:
+    """deploy/kserve's LLMInferenceServiceConfig fragments, each merged as KServe merges baseRefs (a strategic
+    merge of corev1.PodSpec: kubectl's own, `kubectl patch --local`) into the pod spec of KServe's template at
+    its place, give the pod what `tmaguard manifests` gives the same config; each fragment sets that one place
+    (a worker or prefill section would make every service that lists it multi-node or disaggregated)."""
+    fragments = list(
+        yaml.safe_load_all((DEPLOY / "kserve" / "llminferenceserviceconfig-tmaguard.yaml").read_text())
+    )
+    suffix = {
+        "template": "",
+        "worker": "-worker",
+        "prefill.template": "-prefill",
+        "prefill.worker": "-prefill-worker",
+    }
+    (fragment,) = [
+        f for f in fragments if f["metadata"]["name"] == f"kserve-config-llm-tmaguard{suffix[place]}"
+    ]
+    keys = place.split(".")
+    assert list(fragment["spec"]) == keys[:1] and (
+        len(keys) == 1 or list(fragment["spec"]["prefill"]) == keys[1:]
+    )
+    patch = fragment["spec"]
+    for key in keys:
+        patch = patch[key]
+    base = {
+        "containers": [KSERVE_MAIN],
+        "volumes": [{"name": "home", "emptyDir": {}}, {"name": "model-cache", "emptyDir": {}}],
+    }
+    pod = tmp_path / "pod.yaml"
+    pod.write_text(
+        yaml.safe_dump({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x"}, "spec": base})
+    )
+    done = subprocess.run(
+        [TOOLS / "kubectl", "patch", "--local", "-f", pod, "--type", "strategic", "-o", "yaml",
+         "-p", yaml.safe_dump({"spec": patch})],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    merged = yaml.safe_load(done.stdout)["spec"]
+    config = {"apiVersion": "serving.kserve.io/v1alpha1", "kind": "LLMInferenceServiceConfig",
+              "metadata": {"name": "kserve-config-llm-template"}, "spec": {}}  # fmt: skip
+    holder = config["spec"]
+    for key in keys[:-1]:
+        holder = holder.setdefault(key, {})
+    holder[keys[-1]] = copy.deepcopy(base)
+    result = postrender.postrender(yaml.safe_dump(config))
+    assert not result.refused, result.refused
+    (guarded,) = [p.spec for p in workloads.pod_specs(yaml.safe_load(result.text))]
+    assert merged["initContainers"] == guarded["initContainers"]
+    by_name = lambda items: sorted(items, key=lambda i: i["name"])  # noqa: E731
+    assert by_name(merged["volumes"]) == by_name(guarded["volumes"])
+    (main,), (expected,) = merged["containers"], guarded["containers"]
+    assert by_name(main["env"]) == by_name(expected["env"]) and main["envFrom"] == expected["envFrom"]
+    assert by_name(main["volumeMounts"]) == by_name(expected["volumeMounts"])
