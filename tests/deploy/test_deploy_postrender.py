@@ -319,7 +319,8 @@ def test_a_usage_error_is_exit_2(args) -> None:
 
 def test_the_real_charts_script_runs_on_charts_of_their_shapes(capsys) -> None:
     """scripts/render_real_charts.py (a developer's script: the real charts are not in the repository) on the
-    charts written here, so that it does not rot between its runs."""
+    charts written here, with the real Helm (scripts/install_helm.sh), so that it does not rot between its
+    runs: the production stack in both modes, vLLM's chart, llm-d's modelservice."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
@@ -328,8 +329,12 @@ def test_the_real_charts_script_runs_on_charts_of_their_shapes(capsys) -> None:
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     assert script.main(["--stack", str(CHARTS / "stack"), "--stack-commit", "test", "--vllm-chart",
-                        str(CHARTS / "vllm"), "--vllm-commit", "test"]) == 0  # fmt: skip
+                        str(CHARTS / "vllm"), "--vllm-commit", "test", "--llm-d-chart",
+                        str(CHARTS / "modelservice"), "--llm-d-commit", "test"]) == 0  # fmt: skip
     printed = capsys.readouterr().out
-    assert printed.count("schema checks (Kubernetes 1.25 and 1.37, strict): 0 problems") == 3, printed
-    assert printed.count("a second run changed nothing") == 2
+    assert printed.startswith("Rendered by Helm v4.1.4")
+    assert printed.count("other kinds' pod specs as Pods): 0 problems") == 7, printed
+    assert printed.count("a second run changed nothing; Helm 4's plugin gave the same objects") == 4
     assert "guarded Deployment/default/vllm-deployment-vllm spec.template.spec: vllm" in printed
+    assert "RayCluster/default/vllm-qwen-raycluster spec.headGroupSpec.template.spec: init" in printed
+    assert "(tmaguard-inject runs `/opt/vllm/bin/python3`)" in printed
