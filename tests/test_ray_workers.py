@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -139,6 +140,7 @@ def test_ray_workers_get_the_heads_toggles_and_their_own_records(pods, tmp_path)
         )  # fmt: skip
     finally:
         _stop(sessions, temp_dir)
+        shutil.rmtree(temp_dir, ignore_errors=True)
     guard_lines(driver.stdout)
     lines = [line for line in driver.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, f"{driver.stdout}\n{driver.stderr}"
