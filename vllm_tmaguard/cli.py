@@ -152,6 +152,13 @@ def manifests(
             "--wheel", metavar="PATH", help="add a ConfigMap of this wheel and mount it (repeatable)"
         ),
     ] = None,
+    python: str = typer.Option(
+        "",
+        "--python",
+        metavar="PATH",
+        help="the Python that runs vLLM in the image (default: the one the vLLM container's command names, "
+        "e.g. /opt/vllm/bin/python3 after `source /opt/vllm/bin/activate`, else python3)",
+    ),
 ) -> None:
     """Read Kubernetes YAML on stdin (helm template, kubectl get -o yaml, a kustomize build) and write it back
     with the zero-image install added to every container that runs vLLM: an init container in the vLLM
@@ -165,7 +172,7 @@ def manifests(
 
     wheels = {os.path.basename(path): _checked_wheel(path).data for path in wheel or []}
     try:
-        result = postrender(sys.stdin.read(), container or [], wheels)
+        result = postrender(sys.stdin.read(), container or [], wheels, python or None)
     except (StreamError, ValueError) as error:
         _echo(f"tmaguard manifests: refused: {error}", err=True)
         raise typer.Exit(EXIT_FINDINGS) from error

@@ -4,6 +4,7 @@ the installed vLLM's table, the GPUs, whether a real encoder is reachable, and t
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, NamedTuple
 
+from . import ray_env
 from .codes import ROUTING_IMPOSSIBLE, ROUTING_OVERRIDE
 from .outcomes import Problem
 from .routing_table import (
@@ -35,6 +36,7 @@ ENV_NAMES = tuple(
         [DISABLED_KERNELS, *(v for t in TABLES for v in (*t.deep_gemm_off, t.flash_attn_env) if v)]
     )
 )
+ENV_NAMES += ray_env.ENV_NAMES  # the variables that carry the toggles to Ray workers (ray_env.carry)
 
 
 class RoutingInputs(NamedTuple):
@@ -130,6 +132,7 @@ def route(inputs: RoutingInputs) -> Routing:
     merged = _merge_disabled(environ.get(DISABLED_KERNELS, ""), [name for name, _ in disabled])
     if merged is not None:
         env[DISABLED_KERNELS] = merged
+    env.update(ray_env.carry(environ))  # the toggles, to the Ray workers of a job this process starts
 
     def force(variable: str, value: str, why: str) -> None:
         current = environ.get(variable)

@@ -215,20 +215,17 @@ def test_the_repositorys_own_manifests_through_the_post_renderer(kustomization: 
     assert still.returncode == 1 and "container vllm: 'vllm' in its image or command" in still.stderr
 
 
-def test_leaderworkerset_the_worker_is_named_by_its_annotation() -> None:
+def test_leaderworkerset_through_the_command() -> None:
+    """vLLM's LWS example: the leader runs `vllm serve`, the worker vLLM's multi-node-serving.sh (the raylet
+    that hosts vLLM's Ray workers): both guarded by the command itself (every multi-node shape, in this
+    process: test_deploy_multinode.py)."""
     before = (SHAPES / "lws.yaml").read_text()
     done = manifests(before)
-    assert done.returncode == 1, done.stderr
-    assert "workerTemplate.spec: container vllm-worker: vLLM's image" in done.stderr
-    assert "leaderTemplate" not in done.stderr  # the leader runs `vllm serve`: no doubt there
-
-    lws = yaml.safe_load(before)
-    lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["metadata"] = {
-        "annotations": {"vllm-tmaguard/containers": "vllm-worker"}
-    }
-    annotated = stream.dump(lws)
-    after = guarded(annotated)
-    (changed,) = _changed(annotated, after)
+    assert done.returncode == 0, done.stderr
+    assert "workerTemplate.spec: vllm-worker" in done.stderr
+    assert "leaderTemplate.spec: vllm-leader" in done.stderr
+    after = guarded(before)
+    (changed,) = _changed(before, after)
     for role, name in (("leaderTemplate", "vllm-leader"), ("workerTemplate", "vllm-worker")):
         spec = changed["spec"]["leaderWorkerTemplate"][role]["spec"]
         _check_guarded(spec, [name])
@@ -345,7 +342,8 @@ def test_a_usage_error_is_exit_2(args) -> None:
 
 def test_the_real_charts_script_runs_on_charts_of_their_shapes(capsys) -> None:
     """scripts/render_real_charts.py (a developer's script: the real charts are not in the repository) on the
-    charts written here, so that it does not rot between its runs."""
+    charts written here, with the real Helm (scripts/install_helm.sh), so that it does not rot between its
+    runs: the production stack in both modes, vLLM's chart, llm-d's modelservice."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
@@ -354,8 +352,43 @@ def test_the_real_charts_script_runs_on_charts_of_their_shapes(capsys) -> None:
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     assert script.main(["--stack", str(CHARTS / "stack"), "--stack-commit", "test", "--vllm-chart",
-                        str(CHARTS / "vllm"), "--vllm-commit", "test"]) == 0  # fmt: skip
+                        str(CHARTS / "vllm"), "--vllm-commit", "test", "--llm-d-chart",
+                        str(CHARTS / "modelservice"), "--llm-d-commit", "test"]) == 0  # fmt: skip
     printed = capsys.readouterr().out
-    assert printed.count("schema checks (Kubernetes 1.25 and 1.37, strict): 0 problems") == 3, printed
-    assert printed.count("a second run changed nothing") == 2
+    assert printed.startswith("Rendered by Helm v4.1.4")
+    assert printed.count("other kinds' pod specs as Pods): 0 problems") == 7, printed
+    assert printed.count("a second run changed nothing; Helm 4's plugin gave the same objects") == 4
     assert "guarded Deployment/default/vllm-deployment-vllm spec.template.spec: vllm" in printed
+    assert "RayCluster/default/vllm-qwen-raycluster spec.headGroupSpec.template.spec: init" in printed
+    assert "(tmaguard-inject runs `/opt/vllm/bin/python3`)" in printed
+
+
+SLICE = """\
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: vllm}
+spec:
+  selector: {matchLabels: {app: vllm}}
+  template:
+    metadata: {labels: {app: vllm}}
+    spec:
+      containers:
+        - name: vllm
+          image: vllm/vllm-openai:v0.32.0
+          args: ["Qwen/Qwen3-8B", "--port", "8000"]
+          resources:
+            limits: {nvidia.com/gpu: 1, nvidia.com/gpumem: 8192}
+"""
+
+
+def test_a_gpu_memory_slice_gets_the_fraction_that_fits_it() -> None:
+    """Issue 32: a chart that left vLLM's default fraction under HAMi's 8 GiB slice gets the value the guard
+    would set (0.84); the chart's own value stands; a second run changes nothing."""
+    after = guarded(SLICE)
+    (changed,) = _changed(SLICE, after)
+    (vllm,) = changed["spec"]["template"]["spec"]["containers"]
+    assert vllm["args"] == ["Qwen/Qwen3-8B", "--port", "8000", "--gpu-memory-utilization", "0.84"]
+    assert guarded(after) == after
+    own = SLICE.replace('"8000"]', '"8000", "--gpu-memory-utilization", "0.5"]')
+    (kept,) = _changed(own, guarded(own))
+    assert kept["spec"]["template"]["spec"]["containers"][0]["args"][-1] == "0.5"

@@ -10,6 +10,7 @@ nothing."""
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any
 
 from ..wheel import PIN_VARIABLE
@@ -47,19 +48,43 @@ sys.path[:0] = [f'/proc/self/fd/{{memory}}']
 from vllm_tmaguard.__main__ import main
 main()
 """
-COMMAND = ["python3", "-I", "-c", BOOTSTRAP]
+PYTHON = "python3"  # the image's, from its PATH, where the vLLM container's command names no other
+COMMAND = [PYTHON, "-I", "-c", BOOTSTRAP]
 ARGS = ["inject", "--wheel", WHEEL_DIR, PACKAGE_DIR]
 RESOURCES = {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}}
 
 
-def init_container(vllm: dict[str, Any], pins: tuple[str, ...] = ()) -> dict[str, Any]:
+_ACTIVATES = re.compile(r"(?:^|[\s;&|(])(?:source|\.)\s+(/[^\s;&|()'\"]+)/bin/activate(?=$|[\s;&|)'\"])")
+_VENV_PROGRAM = re.compile(r"^(/[^\s;&|()'\"]+)/bin/(vllm|python3?(\.\d+)?)$")
+_TOKENS = re.compile(r"[\s;&|()'\"]+")
+
+
+def interpreter(vllm: dict[str, Any]) -> str:
+    """The Python that runs vLLM in the container `vllm`, as its command names it: VENV/bin/python3 where the
+    command activates a virtual environment (llm-d: `source /opt/vllm/bin/activate; exec vllm serve ...`) or
+    runs `VENV/bin/vllm`; an absolute python it runs; else the image's `python3`. The package placed on
+    PYTHONPATH serves any Python 3; the init container needs one that runs the bootstrap and has typer."""
+    words = [str(w) for w in (vllm.get("command") or []) + (vllm.get("args") or [])]
+    for word in words:
+        if found := _ACTIVATES.search(word):
+            return f"{found.group(1)}/bin/python3"
+    for token in (t for word in words for t in _TOKENS.split(word)):
+        if found := _VENV_PROGRAM.match(token):
+            return token if found.group(2) != "vllm" else f"{found.group(1)}/bin/python3"
+    return PYTHON
+
+
+def init_container(
+    vllm: dict[str, Any], pins: tuple[str, ...] = (), python: str | None = None
+) -> dict[str, Any]:
     """The init container for a pod whose vLLM container is `vllm`: its image, pull policy and security
-    context (so that the files are its user's), no GPU; with `pins` (the wheels' sha256), the pin that makes
-    it refuse any other wheel."""
+    context (so that the files are its user's), the Python that runs vLLM there (`python`, else the one its
+    command names), no GPU; with `pins` (the wheels' sha256), the pin that makes it refuse any other wheel."""
     container: dict[str, Any] = {"name": INIT_CONTAINER, "image": vllm.get("image")}
     if "imagePullPolicy" in vllm:
         container["imagePullPolicy"] = vllm["imagePullPolicy"]
-    container |= {"command": list(COMMAND), "args": list(ARGS), "resources": copy.deepcopy(RESOURCES)}
+    command = [python or interpreter(vllm), *COMMAND[1:]]
+    container |= {"command": command, "args": list(ARGS), "resources": copy.deepcopy(RESOURCES)}
     if pins:
         container["env"] = [pin_variable(pins)]
     if "securityContext" in vllm:
@@ -105,21 +130,18 @@ def volumes(wheel_configmap: str = WHEEL_CONFIGMAP) -> list[dict[str, Any]]:
 
 
 def ensure_pod(
-    pod_spec: dict[str, Any], vllm: dict[str, Any], wheel_configmap: str, pins: tuple[str, ...] = ()
+    pod_spec: dict[str, Any],
+    vllm: dict[str, Any],
+    wheel_configmap: str,
+    pins: tuple[str, ...] = (),
+    python: str | None = None,
+    init: bool = True,
 ) -> bool:
-    """The init container (first, before any init container of the chart's that might start vLLM code),
-    pinned to `pins` where given (a pin of other wheels replaced), and the volumes."""
-    changed = False
-    inits = pod_spec.setdefault("initContainers", [])
-    ours = next((c for c in inits if c.get("name") == INIT_CONTAINER), None)
-    if ours is None:
-        inits.insert(0, init_container(vllm, pins))
-        changed = True
-    elif pins:
-        env = [e for e in ours.get("env") or [] if e.get("name") != PIN_VARIABLE]
-        if [*env, pin_variable(pins)] != ours.get("env"):
-            ours["env"] = [*env, pin_variable(pins)]
-            changed = True
+    """The init container (first, before any init container of the chart's that might start vLLM code, and
+    before what an operator appends: KubeRay's wait-gcs-ready), pinned to `pins` where given (a pin of other
+    wheels replaced), running `python` where given (another one replaced), and the volumes. `init` False: the
+    volumes alone (a KServe ServingRuntime, whose pod spec has no init containers)."""
+    changed = _ensure_init(pod_spec, vllm, pins, python) if init else False
     present = {v.get("name"): v for v in pod_spec.setdefault("volumes", [])}
     for volume in volumes(wheel_configmap):
         if volume["name"] not in present:
@@ -128,8 +150,27 @@ def ensure_pod(
         elif volume["name"] == WHEEL_VOLUME and present[WHEEL_VOLUME].get("configMap") != volume["configMap"]:
             present[WHEEL_VOLUME]["configMap"] = volume["configMap"]  # another wheel given: its ConfigMap
             changed = True
-    if not inits:
-        del pod_spec["initContainers"]
+    return changed
+
+
+def _ensure_init(
+    pod_spec: dict[str, Any], vllm: dict[str, Any], pins: tuple[str, ...], python: str | None
+) -> bool:
+    changed = False
+    inits = pod_spec.setdefault("initContainers", [])
+    ours = next((c for c in inits if c.get("name") == INIT_CONTAINER), None)
+    if ours is None:
+        inits.insert(0, init_container(vllm, pins, python))
+        return True
+    if pins:
+        env = [e for e in ours.get("env") or [] if e.get("name") != PIN_VARIABLE]
+        if [*env, pin_variable(pins)] != ours.get("env"):
+            ours["env"] = [*env, pin_variable(pins)]
+            changed = True
+    command = ours.get("command")
+    if python and isinstance(command, list) and command[:1] != [python]:
+        ours["command"] = [python, *command[1:]]
+        changed = True
     return changed
 
 
