@@ -103,7 +103,7 @@ def test_a_preload_naming_no_file_leaves_the_pod_unmetered_and_the_record_says_s
     assert record["metering"] == [] and record["layer_files"] == []  # it meters nothing; no file to name
     assert record["actions"] == [] and run.result == str(entry)  # said, never fixed: nothing loaded or set
     (line,) = run.guard_lines()
-    assert "WARNING" in line and "tmaguard: HAMi-core: configured but NOT in force (not loaded)" in line
+    assert "ERROR" in line and "tmaguard: HAMi-core: configured but NOT in force (not loaded)" in line
     assert "PROBLEM: HAMi-core's limits are NOT in force" in line
 
     code, report = doctor(pod, tmp_path / "r", "--active", env=env)

@@ -310,6 +310,7 @@ TOGGLE_AUDIT = {
     "TMAGUARD_STRICT": "stops start-up; loads nothing",
     "TMAGUARD_GEMM": "routes vLLM's kernels through vLLM's own knobs; loads nothing",
     "TMAGUARD_OVERLAY": "chooses the overlay or the shims, both from the package's trusted directory",
+    "TMAGUARD_MEMORY": "adds --gpu-memory-utilization to a vLLM server's own command line; loads nothing",
     "TMAGUARD_LOG_FORMAT": "formats the line",
     "TMAGUARD_TRACE": "prints each look-up the overlay and shims answer; loads nothing",
     "TMAGUARD_ROOT": "probes only: a libcuda.so.1 found under it is never loaded (guard.py, trust.py)",

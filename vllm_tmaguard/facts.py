@@ -95,8 +95,8 @@ def _bypassed_vcuda(layers: tuple[Layer, ...], root: str, driver: DriverFacts) -
     """vCUDA configured for this pod (a quota in its vcuda.config, `enable` on) while this process's
     libcuda.so.1 is not a vCUDA build: the layer is bypassed here (compat.py), never "no sharing layer". A
     vcuda.config of gpu-manager's whole-GPU containers (`enable` 0) limits nothing and names nothing."""
-    if any(layer.name in ("vcuda", "vcuda-fork") for layer in layers):
-        return ()
+    if driver.info is None or any(layer.name in ("vcuda", "vcuda-fork") for layer in layers):
+        return ()  # no libcuda.so.1 that could be read: the driver's own problem says so, first
     quota = vcuda_quota(root)
     if quota is None:
         return ()

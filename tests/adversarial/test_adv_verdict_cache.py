@@ -182,7 +182,8 @@ def test_a_layer_replaced_in_place_by_one_with_the_entry_points_gets_no_stale_sh
     assert decided_afresh(record), f"replayed {sorted(record['supplied'].values())} shims"
     assert "error" not in result, result
     assert not any("tmaguard" in path for path in maps(later))
-    assert record["supplied"] == {} and record["actions"] == []
+    loads = [a for a in record["actions"] if a["kind"] in ("load-shim", "load-overlay")]
+    assert record["supplied"] == {} and loads == []  # (the toggle's carry to Ray workers is set, issue 33)
     # Its own look-up swaps legacy hooks in by base name, which no shim can answer around: said, not hidden.
     assert record["outcome"] == "degraded" and [p["code"] for p in record["problems"]] == ["lookup-swapped"]
     assert [layer["name"] for layer in record["layers"]] == ["vcuda-fork"]

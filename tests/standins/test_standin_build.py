@@ -20,6 +20,8 @@ from standin_child import (
     soname,
 )
 
+from vllm_tmaguard.memory import vcuda_limit
+
 
 def test_build_is_cached(libs: dict[str, Path]) -> None:
     mtimes = {name: path.stat().st_mtime_ns for name, path in libs.items()}
@@ -124,7 +126,8 @@ def test_pod_layout(pods: dict[str, podkit.Pod], kind: str) -> None:
         for name in ("libcuda.so.1", "libcuda.so", "libnvidia-ml.so.1", "libnvidia-ml.so"):
             assert (pod.lib_dir / name).stat().st_ino == control, name
         assert soname(pod.lib_dir / f"libnvidia-ml.so.{podkit.DEFAULT_DRIVER}") == "libnvidia-ml.so.1"
-        assert (pod.root / "etc/vcuda/vcuda.config").read_text().split() == [str(podkit.VCUDA_QUOTA)]
+        config = (pod.root / "etc/vcuda/vcuda.config").read_bytes()  # vCUDA's resource_data_t
+        assert vcuda_limit(config) == podkit.VCUDA_QUOTA
         assert all(p.is_file() for p in vcuda_files)
         assert os.access(vcuda_files[1], os.X_OK)
         assert pod.env["STANDIN_VCUDA_ROOT"] == str(pod.root)

@@ -44,8 +44,8 @@ def test_carry(environ: dict, changes: dict) -> None:
 
 def test_the_carried_toggles_are_the_choices_not_the_pods_paths() -> None:
     assert ray_env.CARRIED == (
-        "TMAGUARD_MODE", "TMAGUARD_STRICT", "TMAGUARD_GEMM", "TMAGUARD_OVERLAY", "TMAGUARD_LOG_FORMAT",
-        "TMAGUARD_TRACE",
+        "TMAGUARD_MODE", "TMAGUARD_STRICT", "TMAGUARD_GEMM", "TMAGUARD_MEMORY", "TMAGUARD_OVERLAY",
+        "TMAGUARD_LOG_FORMAT", "TMAGUARD_TRACE",
     )  # fmt: skip
 
 
