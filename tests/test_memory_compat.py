@@ -36,16 +36,28 @@ def _result(run) -> dict:
     return json.loads(line.removeprefix("RESULT "))
 
 
+# The same front with the guard alone (what vLLM's parser then reads is shown once, above, with vLLM).
+SERVE_GUARD = """
+import json, sys
+sys.argv = ["/usr/local/bin/vllm", "serve", "MODEL"]
+from vllm_tmaguard.guard import activate
+activate("test")
+print("RESULT " + json.dumps({"argv": sys.argv[1:]}))
+"""
+
+
 def test_vllms_default_is_given_what_fits_each_layers_limit(pods, run_python) -> None:
+    # HAMi-core's variable, through vLLM's own import and parser.
+    hami = run_python(pods("hami", **H100), SERVE, {"CUDA_DEVICE_MEMORY_LIMIT_0": "8g"}, args=["[]"])
+    assert _result(hami)["fraction"] == 0.84  # vLLM's own parser reads what the guard set
     layers = {
-        "hami": (pods("hami", **H100), {"CUDA_DEVICE_MEMORY_LIMIT_0": "8g"}),
-        "vgpu-manager": (pods("vgpu-manager", **H100), {}),  # CUDA_MEM_LIMIT_0=8192m, as its plugin writes it
-        "vcuda": (pods("vcuda", quota=EIGHT_GIB, **H100), {}),  # /etc/vcuda/vcuda.config: a resource_data_t
+        "hami": hami,
+        "vgpu-manager": run_python(pods("vgpu-manager", **H100), SERVE_GUARD),  # CUDA_MEM_LIMIT_0=8192m
+        "vcuda": run_python(pods("vcuda", quota=EIGHT_GIB, **H100), SERVE_GUARD),  # vcuda.config's quota
     }
-    for name, (pod, env) in layers.items():
-        run = run_python(pod, SERVE, env, args=["[]"], records=f"records-{name}")
-        result, record = _result(run), run.last_record()
-        assert result["fraction"] == 0.84, (name, result)  # vLLM's own parser reads what the guard set
+    for name, run in layers.items():
+        record = run.last_record()
+        assert _result(run)["argv"][-2:] == ["--gpu-memory-utilization", "0.84"], name
         assert record["memory"]["set_to"] == "0.84" and record["memory"]["limit_bytes"] == EIGHT_GIB
         (override,) = [
             o for o in record["routing"]["overrides"] if o["variable"] == "--gpu-memory-utilization"
@@ -53,9 +65,10 @@ def test_vllms_default_is_given_what_fits_each_layers_limit(pods, run_python) ->
         assert override["was"] == "0.92 (vLLM's default)" and override["now"] == "0.84"
         assert "--gpu-memory-utilization 0.84 set" in run.guard_lines()[0]
     # A later process of the pod replays the verdict, flag and all.
-    pod, env = layers["hami"]
-    again = run_python(pod, SERVE, env, args=["[]"], records="records-hami")
-    assert _result(again)["fraction"] == 0.84 and again.last_record()["replayed_from"] is not None
+    pod = pods("vgpu-manager", **H100)
+    first = run_python(pod, SERVE_GUARD, records="again").last_record()["pid"]
+    again = run_python(pod, SERVE_GUARD, records="again")
+    assert _result(again)["argv"][-1] == "0.84" and again.last_record()["replayed_from"] == first
 
 
 def test_a_users_fraction_is_kept_and_warned_about_with_what_fits(pods, run_python) -> None:
