@@ -237,8 +237,10 @@ def _replayable_here(entry: dict[str, Any], text: str) -> bool:
 def _in_json(value: str, text: str) -> bool:
     """Whether `value` appears in `text`, JSON as json.dumps writes it: a non-ASCII character, a quote, a
     backslash or a control character there is escaped (the raw value would never be found)."""
+    if value in text:  # as written (or escaping changes nothing): found either way
+        return True
     plain = value.isascii() and value.isprintable() and '"' not in value and "\\" not in value
-    return (value if plain else json.dumps(value)[1:-1]) in text
+    return not plain and json.dumps(value)[1:-1] in text
 
 
 def _issuable(record: dict[str, Any]) -> str | None:
