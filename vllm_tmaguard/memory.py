@@ -11,6 +11,7 @@ pure function of the values read."""
 from __future__ import annotations
 
 import math
+import os
 import re
 import struct
 from collections.abc import Mapping
@@ -138,7 +139,8 @@ def vcuda_limit(data: bytes) -> int | None:
 def vcuda_quota(root: str) -> int | None:
     """The quota of the pod's vCUDA config (None: no file, not a resource_data_t, or the quota off)."""
     path = under_root(root, VCUDA_CONFIG)
-    if not files.exists(path):
+    # /etc/vcuda is a fingerprint path every full run looks at already: one input, not two, outside vCUDA
+    if not files.exists(os.path.dirname(path)) or not files.exists(path):
         return None
     try:
         data = files.read_bytes(path, _VCUDA_SIZE + 1)
