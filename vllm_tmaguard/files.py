@@ -619,22 +619,39 @@ def _install_parts(directory_path: str, relative: str) -> list[str]:
     return parts
 
 
+def _install_dirs(
+    stack: contextlib.ExitStack, directory_path: str, parts: list[str], create: bool
+) -> tuple[int | None, str]:
+    """The directory the file of `parts` goes in, and its path: every directory on the way opened without
+    following a link and checked installable, created 0755 where absent if `create`, else (None, its path)
+    at the first one absent. Raises OSError (Refused, naming the directory)."""
+    dir_fd = stack.enter_context(directory(directory_path, private=False))
+    walked = directory_path
+    for part in parts[:-1]:
+        walked = os.path.join(walked, part)
+        if create:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(part, 0o755, dir_fd=dir_fd)
+        try:
+            dir_fd = stack.enter_context(directory(part, private=False, at=dir_fd))
+        except FileNotFoundError:
+            if create:
+                raise
+            return None, walked
+        except Refused as refused:
+            raise Refused(walked, refused.why) from None
+    return dir_fd, walked
+
+
 def check_install(directory_path: str, relative: str) -> None:
     """What install_file(directory_path, relative) would refuse, found before anything is written (a refused
     install writes nothing): every directory on the way that exists, opened without following a link and
     checked installable, and no directory in the file's place. Creates nothing. Raises OSError (Refused)."""
     parts = _install_parts(directory_path, relative)
     with contextlib.ExitStack() as stack:
-        dir_fd = stack.enter_context(directory(directory_path, private=False))
-        walked = directory_path
-        for part in parts[:-1]:
-            walked = os.path.join(walked, part)
-            try:
-                dir_fd = stack.enter_context(directory(part, private=False, at=dir_fd))
-            except FileNotFoundError:
-                return  # the install creates it, and what is under it
-            except Refused as refused:
-                raise Refused(walked, refused.why) from None
+        dir_fd, walked = _install_dirs(stack, directory_path, parts, create=False)
+        if dir_fd is None:
+            return  # the install creates it, and what is under it
         try:
             info = os.stat(parts[-1], dir_fd=dir_fd, follow_symlinks=False)
         except FileNotFoundError:
@@ -650,16 +667,8 @@ def install_file(directory_path: str, relative: str, data: bytes, mode: int) -> 
     its path. Raises OSError (Refused)."""
     parts = _install_parts(directory_path, relative)
     with contextlib.ExitStack() as stack:
-        dir_fd = stack.enter_context(directory(directory_path, private=False))
-        walked = directory_path
-        for part in parts[:-1]:
-            walked = os.path.join(walked, part)
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(part, 0o755, dir_fd=dir_fd)
-            try:
-                dir_fd = stack.enter_context(directory(part, private=False, at=dir_fd))
-            except Refused as refused:
-                raise Refused(walked, refused.why) from None
+        dir_fd, walked = _install_dirs(stack, directory_path, parts, create=True)
+        assert dir_fd is not None  # created
         _write_in(dir_fd, parts[-1], data, mode, walked)
     return os.path.join(directory_path, *parts)
 

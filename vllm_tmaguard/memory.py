@@ -140,9 +140,9 @@ def vcuda_quota(root: str) -> int | None:
     """The quota of the pod's vCUDA config (None: no file, not a resource_data_t, or the quota off)."""
     path = under_root(root, VCUDA_CONFIG)
     # /etc/vcuda is a fingerprint path every full run looks at already: one input, not two, outside vCUDA
-    if not files.exists(os.path.dirname(path)) or not files.exists(path):
+    if not files.exists(os.path.dirname(path)):
         return None
-    try:
+    try:  # a missing file is an error the door notes as the input, like any other
         data = files.read_bytes(path, _VCUDA_SIZE + 1)
     except OSError:
         return None
