@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Device calls on a 2-GPU Hopper machine (issue 33): vLLM across two "nodes" on one machine, each node its own
-# emulated pod (pod.sh: its own mount namespace, its own GPU through CUDA_VISIBLE_DEVICES, its own record
-# directory) under HAMi-core at Volcano v1.12.0's pin with an 8 GiB limit, the guard installed and nothing
-# else set; vLLM 0.25.1 and the e2e model:
+# emulated pod (pod.sh: its own mount namespace, its own /dev/shm, its own GPU through CUDA_VISIBLE_DEVICES,
+# its own record directory) under HAMi-core at Volcano v1.12.0's pin with an 8 GiB limit, the guard installed
+# and nothing else set; vLLM 0.25.1 and the e2e model:
 #   mp:  `vllm serve --nnodes 2 --node-rank 0 --master-addr 127.0.0.1 --tensor-parallel-size 2` in node 0,
 #        the same with `--node-rank 1 --headless` in node 1 (vLLM's multi-node without Ray);
 #   ray: `ray start --head` in node 0, `ray start --address` in node 1, then `vllm serve
 #        --distributed-executor-backend ray --tensor-parallel-size 2` in node 0 (vLLM's Ray executor: its
-#        workers are actors the raylets start, with their pods' environments);
+#        workers are actors the raylets start, with their pods' environments; each pod's /dev/shm its own:
+#        vLLM's custom all-reduce counts ranks that see one shared-memory segment as one node, and on a
+#        shared /dev/shm it took the two pods for one node and asked node 0 for a second GPU);
 # then the prompts, and every Python process probed (E2E_PROBE: what cudaMemGetInfo shows it, and whether
 # 10 GiB past its limit is refused). Plus issue 32 item 3: HAMi-core's pod with the preloaded file gone.
 # usage: STAGE=ray bash bench/device/real_layers/multinode.sh   (a first call, carrying .dev/ray: unpacks Ray
@@ -47,12 +49,17 @@ model=/tmp/e2e/model
 node() {  # N NAME=VALUE... -- COMMAND...: node N's pod (its GPU, its records, the probe)
   local n=$1; shift
   mkdir -p "$state/node$n/probe"
-  bash $here/pod.sh "hami-8c32de6+n$n" CUDA_VISIBLE_DEVICES=$n NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 TMAGUARD_RECORD_DIR=$out/node$n/records \
+  POD_SHM=1 bash $here/pod.sh "hami-8c32de6+n$n" CUDA_VISIBLE_DEVICES=$n NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 TMAGUARD_RECORD_DIR=$out/node$n/records \
     E2E_PROBE_DIR=$state/node$n/probe HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_USE_FLASHINFER_SAMPLER=0 \
     VLLM_CACHE_ROOT=/tmp/e2e/cache "$@"
 }
-ready() {  # PORT SECONDS
-  for _ in $(seq "$2"); do curl -sf "http://127.0.0.1:$1/health" > /dev/null && return 0; sleep 1; done; return 1
+ready() {  # PORT SECONDS PID: answers /health, or gives up once the server's process is gone
+  for _ in $(seq "$2"); do
+    curl -sf "http://127.0.0.1:$1/health" > /dev/null && return 0
+    kill -0 "$3" 2> /dev/null || return 1
+    sleep 1
+  done
+  return 1
 }
 probe_all() {  # every noted process answers (SIGWINCH), then its result is printed
   for note in "$state"/node*/probe/pid-*; do kill -WINCH "${note##*pid-}" 2> /dev/null; done
@@ -82,6 +89,7 @@ for mode in "${modes[@]}"; do
   rm -rf "$state"/node*/probe "$out"/node*/records
   if [ "$mode" = mp ]; then
     node 0 -- "${serve[@]}" --nnodes 2 --node-rank 0 --master-addr 127.0.0.1 > "$out/mp-node0.log" 2>&1 &
+    server=$!
     node 1 -- "${serve[@]}" --nnodes 2 --node-rank 1 --master-addr 127.0.0.1 --headless > "$out/mp-node1.log" 2>&1 &
   else
     ray=(python3 -c "import sys; from ray.scripts.scripts import main; sys.exit(main())" start --disable-usage-stats)
@@ -90,8 +98,12 @@ for mode in "${modes[@]}"; do
     node 1 -- "${ray[@]}" --address 127.0.0.1:6390 --num-gpus 1 --block > "$out/ray-worker.log" 2>&1 &
     sleep 12
     node 0 RAY_ADDRESS=127.0.0.1:6390 -- "${serve[@]}" --distributed-executor-backend ray > "$out/ray-serve.log" 2>&1 &
+    server=$!
   fi
-  if ready 8300 "${READY_S:-300}"; then echo "$mode: ready"; ask 8300; probe_all; else echo "$mode: not ready"; fi
+  if ready 8300 "${READY_S:-300}" "$server"; then echo "$mode: ready"; ask 8300; probe_all; else
+    echo "$mode: not ready"
+    [ "$mode" = ray ] && tar -czhf "$out/ray-logs.tgz" -C /tmp/ray/session_latest logs 2> /dev/null
+  fi
   records
   grep -hE "tmaguard pid" "$out"/${mode}*.log | cut -c1-260 | head -12
   grep -hE "Error|error" "$out"/${mode}*.log | grep -v "tmaguard" | head -8 | cut -c1-300

@@ -27,7 +27,11 @@
 #                 GPU over IP; lupine otherwise serves device 0 from a local driver it finds itself)
 # A vCUDA pod's pids.config is kept current by pids_daemon.py (what vCUDA's node daemon does).
 # usage: pod.sh POD [NAME=VALUE ...] -- COMMAND ...   (as root; $STATE default /tmp/rl; $POD_GPUS: how many
-#        GPUs the device plugin gives the pod, default 1, for the layers whose layout names them)
+#        GPUs the device plugin gives the pod, default 1, for the layers whose layout names them;
+#        POD_SHM=1: the pod's own /dev/shm, a tmpfs that every call for this POD shares and no other pod
+#        sees, as a container runtime gives each pod; without it every pod shares the machine's /dev/shm,
+#        and vLLM, which tells nodes apart by whether a shared-memory segment is visible, takes two pods
+#        for one node)
 # Off the GPU machine (real layers on stand-in libraries): REAL_CUDA, REAL_NVML and DRIVER_VERSION name
 # them, and /proc/driver/nvidia/version is made up inside the namespace.
 set -euo pipefail
@@ -127,6 +131,11 @@ esac
 if [[ $layer == vcuda-* ]]; then
   python3 "$here/pids_daemon.py" "$dir/etc/vcuda/pids.config" $$ &
   trap "kill $! 2>/dev/null" EXIT
+fi
+if [ "${POD_SHM:-0}" = 1 ]; then  # made once outside the namespaces, so two calls for one pod share it
+  mkdir -p "$dir/shm"
+  mountpoint -q "$dir/shm" || mount -t tmpfs -o "size=${POD_SHM_SIZE:-16g},mode=1777" shm "$dir/shm"
+  added+=("--bind:$dir/shm:/dev/shm")
 fi
 if [[ $pod == nvshare+nosocket ]]; then  # the scheduler's socket directory as a pod without it sees it
   mkdir -p "$dir/nosocket"
