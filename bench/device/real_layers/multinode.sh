@@ -14,7 +14,8 @@
 # 10 GiB past its limit is refused). Plus issue 32 item 3: HAMi-core's pod with the preloaded file gone.
 # usage: STAGE=ray bash bench/device/real_layers/multinode.sh   (a first call, carrying .dev/ray: unpacks Ray
 #          into /tmp/ray-site on the warm machine; the tarball is made by the command in its header below)
-#        bash bench/device/real_layers/multinode.sh [mp] [ray]   (carry .dev/e2e/part1 .dev/thirdparty.tar.xz)
+#        bash bench/device/real_layers/multinode.sh [mp] [ray]   (carry .dev/e2e/part1 .dev/thirdparty.tar.xz;
+#          GONE=0: without issue 32's step; READY_S: how long the server may take, default 300)
 # .dev/ray/ray.tar.xz: Ray 2.60.0's cp312 wheel unpacked, without its jars, dashboard client, rllib, tune,
 #   train and data (`pip download --no-deps ray==2.60.0 ...; unzip; rm -r ...; tar -cJ`), and its pure
 #   dependencies' wheels in .dev/ray/whl.
@@ -37,13 +38,15 @@ site=/tmp/e2e/site:/tmp/e2e/v25:$(pwd)/bench/device/e2e/probe
 [ -d /tmp/ray-site ] && site=$site:/tmp/ray-site
 export PYTHONPATH=$site:$(pwd)/bench/device
 
-[ "${GONE:-1}" = 1 ] && echo "$(date +%T) == issue 32 item 3: HAMi-core's preload names a file that is gone"
-gone=$state/pods/hami-8c32de6+gone
-bash $here/pod.sh hami-8c32de6+gone -- true > /dev/null 2>&1  # lays the pod out
-echo /usr/local/vgpu/gone/libvgpu.so > "$gone/etc/ld.so.preload"
-timeout 120 bash $here/pod.sh hami-8c32de6+gone TMAGUARD_RECORD_DIR=$out/gone -- \
-  python3 $here/check.py quota --vllm > "$out/gone.log" 2>&1
-grep -hE "tmaguard pid|cannot be preloaded|^RESULT" "$out/gone.log" | cut -c1-500
+if [ "${GONE:-1}" = 1 ]; then  # GONE=0: not again
+  echo "$(date +%T) == issue 32 item 3: HAMi-core's preload names a file that is gone"
+  gone=$state/pods/hami-8c32de6+gone
+  bash $here/pod.sh hami-8c32de6+gone -- true > /dev/null 2>&1  # lays the pod out
+  echo /usr/local/vgpu/gone/libvgpu.so > "$gone/etc/ld.so.preload"
+  timeout 120 bash $here/pod.sh hami-8c32de6+gone TMAGUARD_RECORD_DIR=$out/gone -- \
+    python3 $here/check.py quota --vllm > "$out/gone.log" 2>&1
+  grep -hE "tmaguard pid|cannot be preloaded|^RESULT" "$out/gone.log" | cut -c1-500
+fi
 
 model=/tmp/e2e/model
 node() {  # N NAME=VALUE... -- COMMAND...: node N's pod (its GPU, its records, the probe)
