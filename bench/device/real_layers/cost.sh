@@ -1,17 +1,29 @@
 #!/usr/bin/env bash
 # One device call: the guard's cost per process (bench/guard_cost.py --here: a pod's first process, the
 # full run with cold caches, alternated with later ones, the verdict's replay) in the real layouts, the
-# package's import included, the standard library a vLLM process loads imported first. Results: $OUT/cost.tgz.
-# usage: bash bench/device/real_layers/cost.sh [POD ...]   (repository root; carry .dev/e2e/part1 .thirdparty)
+# package's import included, the standard library a vLLM process loads imported first; then where a later
+# process's time goes (bench/replay_steps.py, step by step). With .dev/base-site.tar.xz carried (another
+# commit's package, `pip install --target`), every process of that build alternates with this one's
+# (--baseline), so both rows come from the same minutes. Results: $OUT/cost.tgz.
+# usage: [LAYERS=...] bash bench/device/real_layers/cost.sh [POD ...]
+#        (repository root; carry .dev/e2e/part1 .dev/thirdparty.tar.xz [.dev/base-site.tar.xz])
 set -uo pipefail
 here=bench/device/real_layers
-out=/tmp/cost && rm -rf "$out" && mkdir -p "$out"
-bash bench/device/e2e/setup.sh > "$out/setup.log" 2>&1 || { tail -30 "$out/setup.log"; exit 1; }
-bash $here/build.sh > "$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
-export PYTHONPATH=/tmp/e2e/site:/tmp/e2e/v25:$(pwd)/bench/device
+out=${OUT:-/tmp}/cost && rm -rf "$out" && mkdir -p "$out"
 pods=("$@"); [ ${#pods[@]} -gt 0 ] || pods=(bare vcuda-master hami)
+bash bench/device/e2e/setup.sh > "$out/setup.log" 2>&1 || { tail -30 "$out/setup.log"; exit 1; }
+LAYERS=${LAYERS:-vcuda-master hami-core} bash $here/build.sh > "$out/build.log" 2>&1 ||
+  { tail -30 "$out/build.log"; exit 1; }
+baseline=()
+if [ -f .dev/base-site.tar.xz ]; then
+  rm -rf /tmp/base-site && mkdir -p /tmp/base-site && tar -xJf .dev/base-site.tar.xz -C /tmp/base-site
+  baseline=(--baseline /tmp/base-site)
+fi
+export PYTHONPATH=/tmp/e2e/site:/tmp/e2e/v25:$(pwd)/bench/device
 for pod in "${pods[@]}"; do
-  timeout 240 bash $here/pod.sh "$pod" -- python3 bench/guard_cost.py --here --runs ${RUNS:-20} > "$out/cost-$pod.txt" 2>&1
-  echo "$pod:"; tail -2 "$out/cost-$pod.txt"
+  timeout 240 bash $here/pod.sh "$pod" -- python3 bench/guard_cost.py --here --runs "${RUNS:-20}" "${baseline[@]}" \
+    > "$out/cost-$pod.txt" 2>&1
+  timeout 120 bash $here/pod.sh "$pod" -- python3 bench/replay_steps.py --runs "${RUNS:-20}" \
+    > "$out/steps-$pod.txt" 2>&1
+  echo "$pod:"; tail -4 "$out/cost-$pod.txt"; cat "$out/steps-$pod.txt"
 done
-tar -czf "${OUT:-/tmp}/cost.tgz" -C /tmp cost
