@@ -95,7 +95,7 @@ def read_record(asked_dir: str) -> dict[str, Any]:
     if where.path is None or path is None:
         return out
     try:
-        document = files.parse_json(files.read_private(where.path, LAST_RECORD), path)
+        document = files.read_private_json(where.path, LAST_RECORD)
     except FileNotFoundError:
         return out
     except (OSError, ValueError) as error:

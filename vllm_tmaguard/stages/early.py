@@ -9,6 +9,7 @@ import importlib.machinery
 import os
 from collections.abc import Mapping
 
+from ..codes import FOUND_MAPPED
 from ..process import read_loaded_objects
 from .catalogue import DRIVER_LIBRARY, OVERLAY_TRIGGERS
 from .elf import ElfError, read_elf
@@ -28,7 +29,7 @@ def guard_needed_before(environ: Mapping[str, str]) -> bool:
         return False
     root = environ.get("TMAGUARD_ROOT") or "/"
     resolution = resolve_library(DRIVER_LIBRARY, environ, root, read_loaded_objects())
-    if resolution.path is None or resolution.how == "mapped":
+    if resolution.path is None or resolution.how == FOUND_MAPPED:
         return False  # nothing to load a library in front of, or too late: the guard says so at vLLM's import
     try:
         info = read_elf(resolution.path, prefixes=(b"cu", b"g_vcuda"))

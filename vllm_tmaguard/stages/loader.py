@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
 from .. import files
+from ..codes import FOUND_DEFAULT_DIRS, FOUND_LD_SO_CACHE, FOUND_LIBRARY_PATH, FOUND_MAPPED, FOUND_NOTHING
 from ..process import LIBRARY_PATH, mapped_named, split_library_path, working_directory
 from .catalogue import DRIVER_LIBRARY, ENCODERS, MARKER
 from .elf import ElfError, ElfInfo, native_machine, read_elf
@@ -38,7 +39,7 @@ _DEFAULT_DIRS = {"x86_64": ("/lib64", "/usr/lib64"), "aarch64": ("/lib64", "/usr
 class LibraryResolution(NamedTuple):
     name: str
     path: str | None  # the file the loader gives (or gave) for `name`; None: not found
-    how: str  # "mapped", "LD_LIBRARY_PATH", "ld.so.cache", "default directories", "not found"
+    how: str  # the search step that gave `path`: codes.FOUND_*
     mapped: tuple[str, ...]  # every mapped file whose name starts like `name` (e.g. a layer and the driver)
     skipped: tuple[str, ...] = ()  # candidates the loader would pass over, with why
 
@@ -118,15 +119,15 @@ def search_order(
 ) -> Iterable[tuple[str, str]]:
     """(candidate path, how) in the order glibc's loader tries them for a bare library name."""
     for directory in split_library_path(environ.get(LIBRARY_PATH, ""), cwd):
-        yield os.path.join(directory, name), "LD_LIBRARY_PATH"
+        yield os.path.join(directory, name), FOUND_LIBRARY_PATH
     try:
         cache = files.read_bytes(under_root(root, "/etc/ld.so.cache"))
     except OSError:
         cache = b""
     for _, path in read_ld_so_cache(cache, machine, name):
-        yield under_root(root, path), "ld.so.cache"
+        yield under_root(root, path), FOUND_LD_SO_CACHE
     for directory in _DEFAULT_DIRS.get(machine, ("/lib", "/usr/lib")):
-        yield under_root(root, os.path.join(directory, name)), "default directories"
+        yield under_root(root, os.path.join(directory, name)), FOUND_DEFAULT_DIRS
 
 
 def resolve_library(
@@ -143,7 +144,7 @@ def resolve_library(
     skipped: list[str] = []
     first_found: tuple[str, str] | None = None
     for path, how in search_order(name, environ, root, cwd or working_directory(), machine):
-        if how == "LD_LIBRARY_PATH" and "$" in path:  # $ORIGIN, $LIB, $PLATFORM: the loader expands them
+        if how == FOUND_LIBRARY_PATH and "$" in path:  # $ORIGIN, $LIB, $PLATFORM: the loader expands them
             skipped.append(f"{os.path.dirname(path)}: the loader expands its $ token, the guard cannot")
             break  # whatever follows, the guard cannot tell which file the loader takes
         if files.stat(path) is None:
@@ -156,11 +157,11 @@ def resolve_library(
         break
     if mapped:
         return LibraryResolution(
-            name, _answering_mapped(name, mapped, first_found), "mapped", mapped, tuple(skipped)
+            name, _answering_mapped(name, mapped, first_found), FOUND_MAPPED, mapped, tuple(skipped)
         )
     if first_found:
         return LibraryResolution(name, first_found[0], first_found[1], mapped, tuple(skipped))
-    return LibraryResolution(name, None, "not found", mapped, tuple(skipped))
+    return LibraryResolution(name, None, FOUND_NOTHING, mapped, tuple(skipped))
 
 
 def _answering_mapped(name: str, mapped: tuple[str, ...], first_found: tuple[str, str] | None) -> str:
@@ -176,8 +177,8 @@ def _answering_mapped(name: str, mapped: tuple[str, ...], first_found: tuple[str
         if os.path.basename(path) == name:
             return path
     for path in mapped:
-        verdict = _usable(path, None)
-        if isinstance(verdict, ElfInfo) and verdict.soname == name:
+        usable = _usable(path, None)
+        if isinstance(usable, ElfInfo) and usable.soname == name:
             return path
     return mapped[0]
 
@@ -206,7 +207,7 @@ def real_driver_search(layer_path: str, environ: Mapping[str, str], root: str) -
         *(
             (os.path.dirname(path), "ld.so.cache")
             for path, how in search_order(DRIVER_LIBRARY, {}, root, "/", os.uname().machine)
-            if how == "ld.so.cache"
+            if how == FOUND_LD_SO_CACHE
         ),
         *((under_root(root, d), "driver directories") for d in DRIVER_DIRS),
     ]

@@ -122,6 +122,19 @@ def _merge_disabled(user_value: str, ours: list[str]) -> str | None:
 
 
 def route(inputs: RoutingInputs) -> Routing:
+    """vLLM's knobs for this process: the house's other central pure function (with supply.plan_supply).
+    Its decisions, in order:
+      1. each kernel of vLLM's routing table disabled, first reason kept: it uses TMA here and
+         TMAGUARD_GEMM=portable or no real encoder is reached; sm_90a-only code on a newer GPU vLLM does not
+         gate; no cuLaunchKernelEx; Marlin's fewer round trips chosen (TMAGUARD_GEMM=latency, or auto with
+         round trips said); merged into the user's VLLM_DISABLED_KERNELS, never removing a name;
+      2. the guard's toggles carried to the Ray workers of a job this process starts (ray_env);
+      3. DeepGEMM off on sm_90/sm_100 and FlashAttention-3 off on sm_90 (their modules' import blocked) where
+         TMA is steered away from; a user's contrary setting is overridden and said (Override);
+      4. TMAGUARD_GEMM=hopper with TMA unusable: an error (the strict stop);
+      5. the path each kernel family then takes, the hints where vLLM has no knob, and a note where the
+         installed vLLM lists kernels the table was not read from.
+    docs/design.md §3."""
     table, environ = inputs.table, inputs.environ
     majors = _majors(inputs)
     steer_off_tma = inputs.gemm == "portable" or not inputs.encoder_reachable

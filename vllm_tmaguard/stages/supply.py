@@ -6,7 +6,14 @@ broken (docs/design.md §2)."""
 import os
 from typing import NamedTuple
 
-from ..codes import DRIVER_MISSING, DRIVER_UNREADABLE, HANDLE_SCOPED_GAP, LOOKUP_SWAPPED, SYMBOL_UNSUPPLIED
+from ..codes import (
+    DRIVER_MISSING,
+    DRIVER_UNREADABLE,
+    FOUND_MAPPED,
+    HANDLE_SCOPED_GAP,
+    LOOKUP_SWAPPED,
+    SYMBOL_UNSUPPLIED,
+)
 from ..outcomes import Problem
 from .catalogue import ENCODERS, HANDLE_SCOPED, LAUNCH_EX, OVERLAY_TRIGGERS, PROC_ADDRESS_V2, SHIM_SYMBOLS
 from .facts import Facts
@@ -115,7 +122,7 @@ def _swap_problem(facts: Facts, blocker: str) -> Problem:
 def _overlay_blocker(facts: Facts, toggles: Toggles) -> str | None:
     if toggles.overlay == "off":
         return "TMAGUARD_OVERLAY=off"
-    if facts.driver.resolution.how == "mapped":
+    if facts.driver.resolution.how == FOUND_MAPPED:
         return "libcuda.so.1 was already loaded when the guard ran"
     return None
 
@@ -130,6 +137,18 @@ def _shims(missing: dict[str, tuple[str, ...]]) -> list[Supply]:
 
 
 def plan_supply(facts: Facts, toggles: Toggles) -> SupplyPlan:
+    """What to supply for the libcuda.so.1 this process gets: one of the house's two central pure functions
+    (with routing.route), no file read and nothing loaded. Its decisions, in order, each final:
+      1. no libcuda.so.1 found: DRIVER_MISSING; unreadable: DRIVER_UNREADABLE; no vLLM: nothing to do;
+      2. nothing lacking (every symbol vLLM's extensions need, every overlay trigger exported) and no vCUDA
+         look-up swapped: COMPLETE, with the encoder reached;
+      3. else the overlay where it can stand in (libcuda.so.1 not loaded yet, TMAGUARD_OVERLAY not off),
+         carrying every entry point; or else the per-symbol shims, with HANDLE_SCOPED_GAP
+         for what a global shim cannot answer and LOOKUP_SWAPPED where a fork's look-up hands out old ABIs;
+      4. SYMBOL_UNSUPPLIED for each needed symbol nothing supplies;
+      5. the encoder: the real driver's cuTensorMapEncode* reached through what is supplied, or none (then
+         routing keeps vLLM off TMA kernels).
+    docs/design.md §2.4-2.6."""
     driver = facts.driver
     layer = facts.layers[0] if facts.layers else None
     if driver.path is None:

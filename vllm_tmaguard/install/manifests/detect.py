@@ -34,7 +34,9 @@ _RAY_NODE = re.compile(
 )
 
 
-class Verdict(NamedTuple):
+class Containers(NamedTuple):
+    """Which containers of a pod run vLLM (or host its Ray workers), which this module does not judge."""
+
     runs_vllm: list[str]  # container names
     unclear: list[str]  # "name: why" for each container this module will not guess about
 
@@ -126,7 +128,7 @@ def vllm_containers(
     group: Group | None = None,
     ray_node: bool = False,
     siblings: Sequence[str] = (),
-) -> Verdict:
+) -> Containers:
     """The containers of `pod_spec` that run vLLM or host its Ray workers, and those it cannot tell about.
     `ray_node`: the pod is a KubeRay node, whose first container runs `ray start`. `siblings`: the containers
     of the other pod specs the annotations also speak for (an object's own annotations, over its pod specs):
@@ -136,12 +138,12 @@ def vllm_containers(
     if ANNOTATION in annotations:
         chosen = [n.strip() for n in str(annotations[ANNOTATION]).split(",") if n.strip()]
         missing = [n for n in chosen if n not in names and n not in siblings]
-        return Verdict(
+        return Containers(
             [n for n in names if n in chosen],
             [f"{n}: named by {ANNOTATION}, no such container (the pod has {names})" for n in missing],
         )
     if named:
-        return Verdict([n for n in names if n in named], [])
+        return Containers([n for n in names if n in named], [])
     group = group or Group()
     runs, unclear = [], []
     for index, (container, name) in enumerate(zip(containers, names, strict=True)):
@@ -154,4 +156,4 @@ def vllm_containers(
                 unclear.append(f"{name}: {why}")
         elif (why := _why_unclear(container)) is not None:
             unclear.append(f"{name}: {why}")
-    return Verdict(runs, unclear)
+    return Containers(runs, unclear)

@@ -81,12 +81,12 @@ def _guard_object(obj: dict[str, Any], run: _Run) -> bool:
     for pod in specs:
         ray_node = pod.role == workloads.RAY_NODE
         siblings = shared if pod.shape == workloads.INLINE else ()
-        verdict = detect.vllm_containers(pod.spec, pod.annotations, run.named, group, ray_node, siblings)
-        if verdict.unclear:
-            result.refused += [f"{pod.where}: container {why}" for why in verdict.unclear]
+        containers = detect.vllm_containers(pod.spec, pod.annotations, run.named, group, ray_node, siblings)
+        if containers.unclear:
+            result.refused += [f"{pod.where}: container {why}" for why in containers.unclear]
             continue
-        run.matched.update(verdict.runs_vllm)
-        vllm = [c for c in pod.spec.get("containers") or [] if c.get("name") in verdict.runs_vllm]
+        run.matched.update(containers.runs_vllm)
+        vllm = [c for c in pod.spec.get("containers") or [] if c.get("name") in containers.runs_vllm]
         if not vllm:
             continue
         try:
@@ -103,7 +103,7 @@ def _guard_object(obj: dict[str, Any], run: _Run) -> bool:
         init = pod.role != workloads.NO_INIT
         changed |= zero_image.ensure_pod(pod.spec, vllm[0], run.wheel_configmap, run.pins, run.python, init)
         note = "" if init else " (no init containers here: the InferenceServices that use it carry it)"
-        result.guarded.append(f"{pod.where}: {', '.join(verdict.runs_vllm)}{note}")
+        result.guarded.append(f"{pod.where}: {', '.join(containers.runs_vllm)}{note}")
         if not init:
             name = str((obj.get("metadata") or {}).get("name", ""))
             place = "workerSpec" if pod.where.endswith(".workerSpec") else "spec"
