@@ -19,7 +19,7 @@ GLIBC_COMPAT = os.path.join(HERE, CSRC, "glibc_compat.h")
 COMPILE_ARGS = ["-O2", "-g0", "-fvisibility=hidden", "-Wall", "-Wextra", "-Werror", "-std=gnu11"]
 COMPILE_ARGS += ["-include", GLIBC_COMPAT]
 # The overlay's dependency on the layer: a fixed-length path the guard overwrites with the layer's absolute
-# path at run time (vllm_tmaguard/overlay.py has the same constant).
+# path at run time (vllm_tmaguard/stages/overlay.py has the same constant).
 PLACEHOLDER = "/tmaguard-layer-placeholder/" + "x" * 220
 
 
@@ -46,7 +46,7 @@ def overlay() -> Extension:
     )
     ext.define_macros.append(("TMAGUARD_LAYER_PLACEHOLDER", f'"{PLACEHOLDER}"'))
     # The placeholder as an optional filter (DT_AUXILIARY), not DT_NEEDED: the file as shipped needs nothing
-    # outside the manylinux policy; vllm_tmaguard/overlay.py makes it DT_NEEDED on the layer's file.
+    # outside the manylinux policy; vllm_tmaguard/stages/overlay.py makes it DT_NEEDED on the layer's file.
     ext.extra_link_args.append(f"-Wl,--auxiliary,{PLACEHOLDER}")
     return ext
 

@@ -1,6 +1,6 @@
 """Offline checks for deploy/: `kustomize build` for the subset of kustomize deploy/k8s uses, validation of
 what it renders against the Kubernetes JSON schemas that the kubernetes-validate package ships, yamllint,
-and the toggles table of docs/operator.md generated from vllm_tmaguard.toggles.TOGGLES. No cluster, no
+and the toggles table of docs/operator.md generated from vllm_tmaguard.stages.toggles.TOGGLES. No cluster, no
 network, no kustomize binary; tests/deploy/ runs all of it.
 
     python deploy/render.py build deploy/k8s/overlays/vcuda   # prints the manifests, like kustomize build
@@ -145,10 +145,10 @@ def _build(directory: Path, stack: tuple[Path, ...], supplied: Mapping[str, Path
 
 
 def _package() -> Any:
-    """vllm_tmaguard.manifests.configmap: kustomize's base64 lines and content hash."""
+    """vllm_tmaguard.install.manifests.configmap: kustomize's base64 lines and content hash."""
     if str(DEPLOY.parent) not in sys.path:
         sys.path.insert(0, str(DEPLOY.parent))  # the source tree's, when run as a script from anywhere
-    from vllm_tmaguard.manifests import configmap
+    from vllm_tmaguard.install.manifests import configmap
 
     return configmap
 
@@ -349,7 +349,7 @@ def toggles_table() -> str:
     """The Markdown table of every TMAGUARD_* toggle, from the code that parses them."""
     if str(DEPLOY.parent) not in sys.path:
         sys.path.insert(0, str(DEPLOY.parent))  # the source tree's, when run as a script from anywhere
-    from vllm_tmaguard.toggles import TOGGLES
+    from vllm_tmaguard.stages.toggles import TOGGLES
 
     def cell(text: str) -> str:
         return text.replace("|", "\\|")

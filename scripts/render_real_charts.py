@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "deploy"))
 import render  # noqa: E402  (deploy/render.py: the schema checks of deploy/)
 
-from vllm_tmaguard.manifests import workloads  # noqa: E402
+from vllm_tmaguard.install.manifests import workloads  # noqa: E402
 
 OPERATOR_DOC = REPO / "docs" / "operator.md"
 BEGIN = "<!-- real-charts: written by `python scripts/render_real_charts.py --write`; do not edit -->"

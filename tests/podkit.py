@@ -42,7 +42,7 @@ VCUDA_KINDS = ("vcuda", "vcuda-v105", "vcuda-fork")
 # The vCUDA layer's memory quota in the emulated pods, unless a test asks for another.
 VCUDA_QUOTA = 20 << 30
 # A model name per compute capability: the guard reads the name from /proc/driver/nvidia
-# (vllm_tmaguard/gpu.py) and vLLM asks the stand-in NVML; both must see the same GPU.
+# (stages/gpu.py) and vLLM asks the stand-in NVML; both must see the same GPU.
 GPU_OF_CAPABILITY = {
     "7.5": "Tesla T4",
     "8.0": "NVIDIA A100-SXM4-80GB",
@@ -55,7 +55,7 @@ GPU_OF_CAPABILITY = {
 
 OLD_VLLM_VERSION = "0.6.6.post1"
 # The pods' NVIDIA driver: an R580 one, which runs the CUDA 13 torch and vLLM of the test environment (an
-# older one is a pod where vLLM cannot initialise CUDA: vllm_tmaguard/runtime_cuda.py).
+# older one is a pod where vLLM cannot initialise CUDA: vllm_tmaguard/stages/runtime_cuda.py).
 DEFAULT_DRIVER = "580.95.05"
 
 CFLAGS = ["-O2", "-fPIC", "-shared", "-Wall", "-Werror"]
@@ -139,7 +139,7 @@ def as_kubelet_container(command: list[str], termination_log: Path, linked: bool
     return ["unshare", "-m", "sh", "-c", _KUBELET_DEV, "sh", how, str(termination_log), *command]
 
 
-# The guard's one log line must stay readable in `kubectl logs` (vllm_tmaguard/record.py render_text).
+# The guard's one log line must stay readable in `kubectl logs` (vllm_tmaguard/stages/record.py render_text).
 GUARD_LINE_LIMIT = 400
 GUARD_LINE_PREFIX = "(tmaguard pid="
 
@@ -372,7 +372,7 @@ def _touch(path: Path, mode: int = 0o644) -> None:
 
 
 def write_gpus(root: Path, name: str, driver: str, count: int) -> None:
-    """The NVIDIA kernel module's files the guard reads (vllm_tmaguard/gpu.py), and the pod's device nodes."""
+    """The NVIDIA kernel module's files the guard reads (stages/gpu.py), and the pod's device nodes."""
     proc = root / "proc/driver/nvidia"
     proc.mkdir(parents=True)
     (proc / "version").write_text(

@@ -15,7 +15,7 @@ sys.path.insert(0, str(ROOT / "tests" / "versions"))
 from compat_doc import COLUMNS, DATA, PAGE, render  # noqa: E402
 from releases import DEFAULT_RELEASE, RELEASES  # noqa: E402
 
-from vllm_tmaguard.routing_table import TABLES, table_for  # noqa: E402
+from vllm_tmaguard.stages.routing_table import TABLES, table_for  # noqa: E402
 
 DATA_NOW = json.loads(DATA.read_text())
 

@@ -1,4 +1,4 @@
-"""The fat-binary reader (vllm_tmaguard/fatbin.py) against NVIDIA's cuobjdump: on a small library compiled
+"""The fat-binary reader (doctor/fatbin.py) against NVIDIA's cuobjdump: on a small library compiled
 here with nvcc for known architectures (plain, arch-specific "a", family-specific "f", PTX, compressed) and on
 real vLLM 0.32.0 extensions; plus the compatibility rules and damaged files."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_tmaguard.fatbin import MAGIC, Entry, FatbinError, coverage, read_fatbin
+from vllm_tmaguard.doctor.fatbin import MAGIC, Entry, FatbinError, coverage, read_fatbin
 from vllm_tmaguard.process import find_package_dir
 
 KERNEL = "__global__ void add_{name}(float *x, float y) {{ x[threadIdx.x] += y; }}\n"

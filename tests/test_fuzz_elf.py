@@ -27,9 +27,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vllm_tmaguard.catalogue import shim_path
-from vllm_tmaguard.elf import ElfError, read_elf, read_identity, section_extent
-from vllm_tmaguard.loader import read_ld_so_cache
+from vllm_tmaguard.stages.catalogue import shim_path
+from vllm_tmaguard.stages.elf import ElfError, read_elf, read_identity, section_extent
+from vllm_tmaguard.stages.loader import read_ld_so_cache
 
 ELF_EXAMPLES = 5_000  # four readers over each example's file (the suite's time: docs/NOTES.md)
 CACHE_EXAMPLES = 2_000

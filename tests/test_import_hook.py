@@ -79,7 +79,7 @@ def test_torch_first_on_a_complete_driver_leaves_the_guard_to_vllm(pods, run_pyt
 
 @pytest.mark.parametrize(("kind", "needed"), [("vcuda", True), ("vcuda-v105", True), ("bare", False)])
 def test_torch_first_question_reads_the_files_only(pods, kind, needed) -> None:
-    from vllm_tmaguard.early import guard_needed_before
+    from vllm_tmaguard.stages.early import guard_needed_before
 
     pod = pods(kind)
     assert guard_needed_before(pod.env) is needed

@@ -19,7 +19,7 @@ import pytest
 from faultkit import RESOLVE, Result
 from podkit import Pod, build_pod, scrubbed_environ
 
-from vllm_tmaguard.catalogue import OVERLAY_FILE
+from vllm_tmaguard.stages.catalogue import OVERLAY_FILE
 
 GUARD_DIR = Path(__import__("vllm_tmaguard").__file__).parent
 

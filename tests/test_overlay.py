@@ -215,7 +215,7 @@ def test_a_refused_record_directory_is_said_and_the_default_one_used(pods, run_p
 
 
 def test_without_any_private_directory_the_overlay_stays_in_memory(pods) -> None:
-    from vllm_tmaguard import overlay
+    from vllm_tmaguard.stages import overlay
 
     path = overlay.install(str(pods("vcuda").lib_dir / "libcuda.so.1"), None)
     assert path.startswith("/proc/self/fd/") and Path(path).read_bytes()[:4] == b"\x7fELF"
@@ -235,8 +235,8 @@ def test_no_overlay_where_the_layer_lacks_nothing(pods, run_python, kind: str) -
 def test_env_recipe_installs_an_overlay_that_works_without_the_guard(pods, run_python, tmp_path) -> None:
     pod = pods("vcuda", cc="9.0")
     env = {**os.environ, **pod.env}
-    from vllm_tmaguard.env_recipe import recipe
-    from vllm_tmaguard.facts import probe
+    from vllm_tmaguard.install.env_recipe import recipe
+    from vllm_tmaguard.stages.facts import probe
 
     facts = probe(env, pod.env["TMAGUARD_ROOT"], "test", eager=None)
     printed, code = recipe(facts, env, None)
@@ -264,7 +264,7 @@ def test_env_recipe_installs_an_overlay_that_works_without_the_guard(pods, run_p
 
 
 def test_overlay_image_rejects_bad_layer_paths() -> None:
-    from vllm_tmaguard.overlay import OverlayError, overlay_image
+    from vllm_tmaguard.stages.overlay import OverlayError, overlay_image
 
     for bad in ("relative/libcuda.so.1", "/" + "x" * 300):
         with pytest.raises(OverlayError):
@@ -276,8 +276,8 @@ def test_the_overlay_is_named_libcuda_carries_every_driver_symbol_and_needs_the_
 ) -> None:
     """As shipped, the overlay names the layer's placeholder in an optional DT_AUXILIARY entry (so the wheel
     needs no library outside the manylinux policy); the overlay written for a layer needs the layer's file."""
-    from vllm_tmaguard.catalogue import overlay_path
-    from vllm_tmaguard.overlay import PLACEHOLDER, overlay_image
+    from vllm_tmaguard.stages.catalogue import overlay_path
+    from vllm_tmaguard.stages.overlay import PLACEHOLDER, overlay_image
 
     layer = "/usr/local/nvidia/lib64/libcuda.so.1"
     shipped = subprocess.run(

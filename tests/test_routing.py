@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_tmaguard import ray_env
-from vllm_tmaguard.routing_table import TABLES, table_for
+from vllm_tmaguard.stages import ray_env
+from vllm_tmaguard.stages.routing_table import TABLES, table_for
 
 SELECTORS = (Path(__file__).parent / "versions" / "probe.py").read_text()  # vLLM's real selectors
 GUARD_ONLY = "from vllm_tmaguard.guard import activate\nactivate('import-hook')\n"

@@ -22,8 +22,8 @@ from faultkit import RESOLVE, UNDEFINED, Child, collect_all, default_record_dir_
 from podkit import build_pod, scrubbed_environ
 
 from vllm_tmaguard import redaction, trust
-from vllm_tmaguard.overlay import overlay_image
-from vllm_tmaguard.toggles import TOGGLES
+from vllm_tmaguard.stages.overlay import overlay_image
+from vllm_tmaguard.stages.toggles import TOGGLES
 
 NOBODY = 65534
 

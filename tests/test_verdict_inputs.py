@@ -21,7 +21,7 @@ from vllm_tmaguard.files import default_record_dir
 RECORDING_RUN = r"""
 import json, os, sys
 import ctypes, difflib  # what the stages import lazily, imported before the recording starts
-import vllm_tmaguard.pipeline
+import vllm_tmaguard.stages.pipeline
 from vllm_tmaguard.guard import activate
 
 touched = []

@@ -9,8 +9,8 @@ import shutil
 import sysconfig
 from pathlib import Path
 
-from vllm_tmaguard.scan_cache import load
-from vllm_tmaguard.vllm_probe import loadable_here, probe_vllm
+from vllm_tmaguard.stages.scan_cache import load
+from vllm_tmaguard.stages.vllm_probe import loadable_here, probe_vllm
 
 HERE = sysconfig.get_config_var("EXT_SUFFIX")  # e.g. .cpython-311-x86_64-linux-gnu.so
 

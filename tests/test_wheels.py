@@ -19,7 +19,7 @@ import pytest
 from podkit import OLD_VLLM_IMPORT, build_old_vllm, child_environ, expected_descriptor
 from releasekit import ARCHES, Release
 
-from vllm_tmaguard.elf import EM_AARCH64, EM_X86_64, read_elf
+from vllm_tmaguard.stages.elf import EM_AARCH64, EM_X86_64, read_elf
 
 MACHINES = {"x86_64": EM_X86_64, "aarch64": EM_AARCH64}
 LIBRARIES = 3  # the overlay and two shims (setup.py)

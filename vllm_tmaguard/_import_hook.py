@@ -17,7 +17,7 @@ class VllmImportHook:
         elif name == "torch" and not cls.torch_checked:
             cls.torch_checked = True
             try:
-                from vllm_tmaguard.early import torch_first_needs_guard
+                from vllm_tmaguard.stages.early import torch_first_needs_guard
 
                 if torch_first_needs_guard():
                     _activate("import-hook (torch imported first)")

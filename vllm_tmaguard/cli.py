@@ -14,10 +14,10 @@ import typer
 from .codes import EXIT_FINDINGS, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE
 from .line import printable
 from .redaction import redact
-from .toggles import Toggles, read_toggles
+from .stages.toggles import Toggles, read_toggles
 
 if TYPE_CHECKING:
-    from .wheel import Wheel
+    from .install.wheel import Wheel
 
 # Plain (click-style) help: typer's rich panels print a value type even for flags ("--help <bool>").
 app = typer.Typer(
@@ -50,7 +50,7 @@ def check(as_json: bool = typer.Option(False, "--json", help="print the record a
     """What the guard would find and do in a vLLM process started here (changes nothing, loads nothing,
     calls nothing of the layer's). Exit status 1 where the guard would log a warning or an error."""
     from .line import level_of, render
-    from .preview import preview
+    from .stages.preview import preview
 
     toggles = _toggles()
     if toggles.mode == "off":  # the guard does nothing, writes no record: say so, not what auto would do
@@ -67,7 +67,7 @@ def record() -> None:
     """Print the last record the guard wrote in a vLLM process: read where the guard put it (its record
     directory, judged as the guard judges it), and only if it is a record (else exit status 1, and why)."""
     from .doctor.hooks import read_record
-    from .record_shape import SCHEMA
+    from .doctor.record_shape import SCHEMA
 
     found = read_record(_toggles().record_dir)
     if found["error"] or not found["found"] or found["record"].get("schema") != SCHEMA:
@@ -93,8 +93,8 @@ def env(
 ) -> None:
     """The manifest-level fix where the guard cannot load its overlay in-process (something loads
     libcuda.so.1 first): the overlay installed once per container, its directory first on LD_LIBRARY_PATH."""
-    from .env_recipe import recipe
-    from .facts import probe
+    from .install.env_recipe import recipe
+    from .stages.facts import probe
 
     toggles = _toggles()
     facts = probe(os.environ, toggles.root, "cli", eager=None)  # no vLLM command line here
@@ -118,10 +118,10 @@ def inject(
     command; docs/operator.md). With --wheel, the files come from the wheel's bytes (its RECORD checked), as
     the zero-image init container does from the wheel ConfigMap; where TMAGUARD_WHEEL_SHA256 is set, only a
     wheel whose sha256 it lists is placed."""
-    from .inject import InjectError, inject_wheel
-    from .inject import inject as place
-    from .toggles import ToggleError, parse_toggles
-    from .wheel import PIN_VARIABLE, WheelError
+    from .install.inject import InjectError, inject_wheel
+    from .install.inject import inject as place
+    from .install.wheel import PIN_VARIABLE, WheelError
+    from .stages.toggles import ToggleError, parse_toggles
 
     try:  # a bad pin refuses: falling back to none would place a wheel the operator meant to refuse
         pins = parse_toggles({PIN_VARIABLE: os.environ.get(PIN_VARIABLE, "")}).wheel_pins
@@ -167,8 +167,8 @@ def manifests(
     (docs/operator.md). Exit status 1 when it cannot tell which container runs vLLM: name it."""
     import sys
 
-    from .manifests.postrender import HOW_TO_NAME, postrender
-    from .manifests.stream import StreamError
+    from .install.manifests.postrender import HOW_TO_NAME, postrender
+    from .install.manifests.stream import StreamError
 
     wheels = {os.path.basename(path): _checked_wheel(path).data for path in wheel or []}
     try:
@@ -188,7 +188,7 @@ def manifests(
 
 
 def _checked_wheel(path: str) -> Wheel:
-    from .wheel import WheelError, read
+    from .install.wheel import WheelError, read
 
     try:
         return read(path)
@@ -217,16 +217,16 @@ def wheel_configmap(
     container. Every wheel's RECORD is checked first; the digests to pin on the init container
     (TMAGUARD_WHEEL_SHA256) are printed on stderr."""
     from . import files
-    from .manifests.configmap import wheel_configmap as make
-    from .manifests.stream import dump
-    from .manifests.zero_image import (
+    from .install.manifests.configmap import wheel_configmap as make
+    from .install.manifests.stream import dump
+    from .install.manifests.zero_image import (
         OVERLAY_PIN,
         OVERLAY_WHEEL,
         WHEEL_CONFIGMAP,
         overlay_pin_patch,
         pin_variable,
     )
-    from .wheel import sha256
+    from .install.wheel import sha256
 
     found = [_checked_wheel(path) for path in wheels]
     variable = pin_variable(tuple(sha256(w.data) for w in found))

@@ -2,6 +2,14 @@
 codes, outcome values, action kinds, exit statuses. Plain strings in a module of their own: every vLLM
 process issues and logs its record without importing the value types (outcomes.py)."""
 
+# How the loader finds a library (loader.LibraryResolution.how): the search step that gave the file.
+FOUND_MAPPED = "mapped"  # already mapped in this process: a later dlopen gets that file
+FOUND_LIBRARY_PATH = "LD_LIBRARY_PATH"
+FOUND_LD_SO_CACHE = "ld.so.cache"
+FOUND_DEFAULT_DIRS = "default directories"
+FOUND_NOTHING = "not found"
+FOUND_ON_THE_SYSTEM = (FOUND_LD_SO_CACHE, FOUND_DEFAULT_DIRS)  # steps TMAGUARD_ROOT redirects (trust.py)
+
 # Problem codes.
 DRIVER_MISSING = "driver-missing"  # no libcuda.so.1 at all
 DRIVER_UNREADABLE = "driver-unreadable"

@@ -40,7 +40,7 @@ def _decide(trigger: str) -> Issued | None:
         replayed = None
     if replayed is not None:
         return replayed
-    from .pipeline import run  # the full run's imports, only where no verdict is cached
+    from .stages.pipeline import run  # the full run's imports, only where no verdict is cached
 
     return run(trigger)
 

@@ -16,10 +16,6 @@ class Problem(NamedTuple):
     def to_json(self) -> dict[str, Any]:
         return self._asdict()
 
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "Problem":
-        return cls(**{k: data.get(k) for k in ("code", "cause", "consequence", "fix", "symbol", "subject")})
-
 
 class Action(NamedTuple):
     kind: str
@@ -30,10 +26,3 @@ class Action(NamedTuple):
 
     def to_json(self) -> dict[str, Any]:
         return self._asdict()
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "Action":
-        return cls(
-            data["kind"], data["target"], data.get("value"), data.get("applied", True),
-            data.get("in_memory", False),
-        )  # fmt: skip

@@ -17,7 +17,7 @@ from typing import Any
 
 def runtime_env_hook(runtime_env: dict[str, Any] | None) -> dict[str, Any] | None:
     try:
-        from .ray_env import carried
+        from .stages.ray_env import carried
 
         toggles = carried(os.environ)
         if not toggles:

@@ -21,6 +21,7 @@ import stat
 from typing import TYPE_CHECKING
 
 from . import files
+from .codes import FOUND_ON_THE_SYSTEM
 from .files import make_install_dirs, make_private_dirs, tighten
 
 if TYPE_CHECKING:
@@ -189,7 +190,7 @@ def probe_root_problem(root: str, how: str, path: str | None) -> str | None:
     """Why nothing may be loaded for a libcuda.so.1 found through TMAGUARD_ROOT (None: it was not).
     TMAGUARD_ROOT points the file probes at another tree (tests, a pod's files seen from outside); what
     this process's own loader finds is never under it, so a toggle cannot make the guard load a file."""
-    if root in ("", "/") or how not in ("ld.so.cache", "default directories"):
+    if root in ("", "/") or how not in FOUND_ON_THE_SYSTEM:
         return None
     return (
         f"libcuda.so.1 ({path}) was found under TMAGUARD_ROOT={root} ({how}), not where this process's "

@@ -183,7 +183,7 @@ def load_entries(directory: str) -> list[dict[str, Any]]:
 
 
 def remember(directory: str, entry: dict[str, Any]) -> None:
-    """Stores a full run's entry (pipeline.remember_entry builds it) before the others it keeps; replaces a
+    """Stores a full run's entry (stages.pipeline._entry builds it) before the others it keeps; replaces a
     file it cannot read. Raises OSError (a failure only costs later processes their full run)."""
     others = [e for e in load_entries(directory) if e["process"] != entry["process"]]
     document = {"format": _CACHE_FORMAT, "tmaguard": __version__, "entries": [entry, *others][:ENTRIES_KEPT]}

@@ -13,7 +13,7 @@ state=${E2E_STATE:-/tmp/e2e}
 out=/tmp/shapes-out
 rm -rf "$out" /tmp/shapes && mkdir -p "$out"
 py=$(command -v python3)
-real=$($py -c "import os; from vllm_tmaguard.loader import resolve_library as r
+real=$($py -c "import os; from vllm_tmaguard.stages.loader import resolve_library as r
 print(os.path.realpath(r('libcuda.so.1', {}).path))")
 
 pod() {  # shape, beside (1: the real driver beside the layer)

@@ -19,7 +19,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, __file__.rsplit("/bench/", 1)[0])
-from vllm_tmaguard.elf import read_elf
+from vllm_tmaguard.stages.elf import read_elf
 
 ENCODERS = (
     "cuTensorMapEncodeTiled",

@@ -25,7 +25,7 @@ mkdir -p /tmp/v25/vllm-0.25.1.dist-info && printf 'Metadata-Version: 2.1\nName: 
   > /tmp/v25/vllm-0.25.1.dist-info/METADATA
 
 step "the emulated pod: generated layer as libcuda.so.1, the real driver beside it"
-real=$($py -c "import os; from vllm_tmaguard.loader import resolve_library as r
+real=$($py -c "import os; from vllm_tmaguard.stages.loader import resolve_library as r
 print(os.path.realpath(r('libcuda.so.1', {}).path))")
 pod=/tmp/pod
 mkdir -p "$pod/lib" "$pod/root/etc/vcuda"
@@ -52,7 +52,7 @@ fi
 if wants encode; then
 step "encode: cuTensorMapEncodeTiled per call, direct / shim / overlay, interleaved"
 gcc -O2 -o /tmp/encode_bench bench/device/encode_bench.c -ldl
-shim=$($py -c "from vllm_tmaguard.catalogue import shim_path; print(shim_path('encoders'))")
+shim=$($py -c "from vllm_tmaguard.stages.catalogue import shim_path; print(shim_path('encoders'))")
 overlay=$($py -c "from vllm_tmaguard import overlay
 print(overlay.install('$pod/lib/libcuda.so.1', '/tmp/ov'))")
 for round in 1 2 3 4 5; do

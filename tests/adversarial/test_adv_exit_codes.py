@@ -33,7 +33,7 @@ def damaged_install(tmp_path: Path) -> Path:
     its directory first on PYTHONPATH."""
     site = tmp_path / "damaged-site"
     shutil.copytree(GUARD_DIR, site / "vllm_tmaguard", ignore=shutil.ignore_patterns("__pycache__"))
-    preview = site / "vllm_tmaguard/preview.py"
+    preview = site / "vllm_tmaguard/stages/preview.py"
     text = preview.read_text()
     preview.write_text(text[: len(text) // 2])
     return site

@@ -15,10 +15,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vllm_tmaguard import files, gpu, scan_cache, verdict
+from vllm_tmaguard import files, verdict
 from vllm_tmaguard.doctor.hooks import read_record
+from vllm_tmaguard.doctor.record_shape import why_not_a_record
 from vllm_tmaguard.launch import eager_flag
-from vllm_tmaguard.record_shape import why_not_a_record
+from vllm_tmaguard.stages import gpu, scan_cache
 
 FUZZ = settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]

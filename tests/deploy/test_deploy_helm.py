@@ -18,7 +18,7 @@ import pytest
 import yaml
 from deploykit import DEPLOY, REPO
 
-from vllm_tmaguard.manifests import postrender, workloads, zero_image
+from vllm_tmaguard.install.manifests import postrender, workloads, zero_image
 
 TOOLS = REPO / ".tools" / "helm" / "bin"
 CHARTS = Path(__file__).resolve().parent / "charts"

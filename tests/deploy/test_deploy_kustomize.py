@@ -1,7 +1,7 @@
 """deploy/render.py against the real kustomize (`kubectl kustomize`, kustomize v5 inside kubectl): every
 kustomization under deploy/k8s renders to the same objects, the zero-image overlay with the wheel placed by
 `tmaguard wheel-configmap --into`; kustomize's configMapGenerator names (the content hash of data and
-binaryData) come out the same from vllm_tmaguard.manifests.configmap."""
+binaryData) come out the same from vllm_tmaguard.install.manifests.configmap."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 import yaml
 from deploykit import DEPLOY, KUSTOMIZATIONS, render
 
-from vllm_tmaguard.manifests import configmap
+from vllm_tmaguard.install.manifests import configmap
 
 KUBECTL = shutil.which("kubectl") or "/usr/bin/kubectl"
 TMAGUARD = str(Path(sys.executable).parent / "tmaguard")

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from deploykit import render
 
-from vllm_tmaguard.manifests import postrender, stream, workloads, zero_image
+from vllm_tmaguard.install.manifests import postrender, stream, workloads, zero_image
 
 SHAPES = Path(__file__).resolve().parent / "shapes"
 

@@ -21,7 +21,7 @@ import yaml
 from deploykit import DEPLOY, find, render
 from test_deploy_zero_image import _configmap_volume, _forged, run_init_container
 
-from vllm_tmaguard.manifests import stream, zero_image
+from vllm_tmaguard.install.manifests import stream, zero_image
 
 TMAGUARD = str(Path(sys.executable).parent / "tmaguard")
 CHARTS = Path(__file__).resolve().parent / "charts"

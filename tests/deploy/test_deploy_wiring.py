@@ -9,7 +9,7 @@ import re
 import pytest
 from deploykit import KUSTOMIZATIONS, OPERATOR_DOC, find, render, vllm_container
 
-from vllm_tmaguard.toggles import TOGGLES, ToggleError, parse_toggles
+from vllm_tmaguard.stages.toggles import TOGGLES, ToggleError, parse_toggles
 
 
 def _http_port(container: dict, port: int | str) -> int:
@@ -147,8 +147,8 @@ def _doc_table() -> str:
 
 def test_the_operator_docs_toggles_table_is_the_one_the_code_generates() -> None:
     assert _doc_table() == render.toggles_table(), (
-        "docs/operator.md's toggles table differs from vllm_tmaguard.toggles.TOGGLES; regenerate it with "
-        "`python deploy/render.py toggles-table`"
+        "docs/operator.md's toggles table differs from vllm_tmaguard.stages.toggles.TOGGLES; "
+        "regenerate it with `python deploy/render.py toggles-table`"
     )
     # Independently of the generator: every row says what the spec says, in the spec's order.
     rows = [line.split(" | ") for line in _doc_table().splitlines()[2:]]

@@ -23,7 +23,7 @@ from deploykit import DEPLOY, find, render, vllm_container
 from test_guard_vllm import RESOLVE_PLATFORM
 from test_no_rebuild import _decisions
 
-from vllm_tmaguard.manifests import zero_image
+from vllm_tmaguard.install.manifests import zero_image
 
 OVERLAY = "overlays/vcuda-stock-image"
 # What pip writes into a dist-info that a wheel does not hold (and its RECORD, which pip rewrites).
@@ -233,7 +233,7 @@ def test_wheel_configmap_prints_the_configmap_the_post_renderer_mounts(release, 
         Path(w).name: Path(w).read_bytes() for w in wheels
     }
     layout = _configmap_volume(document, tmp_path / "volume")
-    from vllm_tmaguard import wheel
+    from vllm_tmaguard.install import wheel
 
     assert wheel.for_this_machine(str(layout), "aarch64").path.endswith("aarch64.whl")
 
@@ -309,7 +309,7 @@ def test_a_pinned_init_container_refuses_a_forged_wheel(rendered, release, stock
     """`tmaguard manifests --wheel` pins the init container to the wheels' sha256: a wheel ConfigMap edited
     afterwards (a forged wheel whose RECORD vouches for it) runs none of its code and places nothing, whether
     it is the wheel the bootstrap imports or the one `inject` places; the pinned wheels are placed."""
-    from vllm_tmaguard import wheel
+    from vllm_tmaguard.install import wheel
 
     genuine, other = release.wheels["x86_64"], release.wheels["aarch64"]
     objects = [

@@ -15,7 +15,7 @@ from faultkit import default_record_dir_at
 from podkit import build_pod, scrubbed_environ
 
 from vllm_tmaguard.doctor.findings.active import nvml_findings
-from vllm_tmaguard.vllm_probe import probe_vllm
+from vllm_tmaguard.stages.vllm_probe import probe_vllm
 
 
 def test_hanging_nvml_is_killed_and_reported(pods, doctor) -> None:

@@ -112,7 +112,7 @@ def test_concurrent_vllm_processes_share_the_record_directory(pods, tmp_path: Pa
     (one line, its own pid) and starts; meanwhile the shared files are read over and over: never a partial
     file. Afterwards: one overlay file holding exactly the overlay image, one valid scan cache, a valid
     last.json from one of the processes, no temporary file left, every directory 0700."""
-    from vllm_tmaguard.overlay import overlay_image
+    from vllm_tmaguard.stages.overlay import overlay_image
 
     pod = pods("vcuda")
     records = tmp_path / "shared-records"

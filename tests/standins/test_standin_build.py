@@ -20,7 +20,7 @@ from standin_child import (
     soname,
 )
 
-from vllm_tmaguard.memory import vcuda_limit
+from vllm_tmaguard.stages.memory import vcuda_limit
 
 
 def test_build_is_cached(libs: dict[str, Path]) -> None:

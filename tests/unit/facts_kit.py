@@ -3,11 +3,11 @@ files read): a libcuda.so.1 with given exports, a vLLM whose extensions need giv
 
 from __future__ import annotations
 
-from vllm_tmaguard.elf import EM_X86_64, ElfInfo
-from vllm_tmaguard.facts import DriverFacts, Facts
-from vllm_tmaguard.layers import Layer
-from vllm_tmaguard.loader import LibraryResolution
-from vllm_tmaguard.vllm_probe import Extension, VllmFacts
+from vllm_tmaguard.stages.elf import EM_X86_64, ElfInfo
+from vllm_tmaguard.stages.facts import DriverFacts, Facts
+from vllm_tmaguard.stages.layers import Layer
+from vllm_tmaguard.stages.loader import LibraryResolution
+from vllm_tmaguard.stages.vllm_probe import Extension, VllmFacts
 
 # What a real CUDA 12/13 driver exports among the names the decisions look at, plus a few others.
 REAL_DRIVER = frozenset(

@@ -5,8 +5,8 @@ import subprocess
 
 import pytest
 
-from vllm_tmaguard.elf import ElfError, read_elf
 from vllm_tmaguard.process import find_package_dir
+from vllm_tmaguard.stages.elf import ElfError, read_elf
 
 
 def _nm_undefined(path: str) -> set[str]:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_tmaguard.gpu import capability_of, cuda_version_of_driver, parse_driver_version, probe_gpus
+from vllm_tmaguard.stages.gpu import capability_of, cuda_version_of_driver, parse_driver_version, probe_gpus
 
 VERSION = (
     "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  (dvs-builder@U16)\n"

@@ -11,8 +11,12 @@ import subprocess
 import pytest
 from facts_kit import REAL_DRIVER, driver, facts
 
-from vllm_tmaguard import codes, preloads
-from vllm_tmaguard.elf import (
+from vllm_tmaguard import codes
+from vllm_tmaguard.doctor.record_shape import why_not_a_record
+from vllm_tmaguard.metrics import info_labels
+from vllm_tmaguard.outcomes import Problem
+from vllm_tmaguard.stages import preloads
+from vllm_tmaguard.stages.elf import (
     EM_AARCH64,
     EM_X86_64,
     NOT_ELF,
@@ -22,16 +26,13 @@ from vllm_tmaguard.elf import (
     ElfInfo,
     read_elf,
 )
-from vllm_tmaguard.gpu import GpuFacts
-from vllm_tmaguard.layers import Layer, PodEvidence, detect_layers
-from vllm_tmaguard.metering import layer_problems, metering_json
-from vllm_tmaguard.metrics import info_labels
-from vllm_tmaguard.outcomes import Problem
-from vllm_tmaguard.preloads import PreloadFault, judge_preload
-from vllm_tmaguard.record import assemble, outcome_of
-from vllm_tmaguard.record_shape import why_not_a_record
-from vllm_tmaguard.supply import plan_supply
-from vllm_tmaguard.toggles import Toggles
+from vllm_tmaguard.stages.gpu import GpuFacts
+from vllm_tmaguard.stages.layers import Layer, PodEvidence, detect_layers
+from vllm_tmaguard.stages.metering import layer_problems, metering_json
+from vllm_tmaguard.stages.preloads import PreloadFault, judge_preload
+from vllm_tmaguard.stages.record import assemble, outcome_of
+from vllm_tmaguard.stages.supply import plan_supply
+from vllm_tmaguard.stages.toggles import Toggles
 
 HAMI = "/usr/local/vgpu/libvgpu.so"
 VGPU = "/etc/vgpu-manager/driver/libvgpu-control.so"

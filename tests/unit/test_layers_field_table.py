@@ -8,14 +8,14 @@ import pytest
 from facts_kit import REAL_DRIVER, VCUDA, driver, facts
 
 from vllm_tmaguard import codes
-from vllm_tmaguard import layers as fingerprints
-from vllm_tmaguard.elf import EM_X86_64, ElfInfo
-from vllm_tmaguard.gpu import GpuFacts
-from vllm_tmaguard.layers import LABELS, Layer, PodEvidence, detect_layers
-from vllm_tmaguard.metering import layer_problems, metering_json, metering_of
-from vllm_tmaguard.record import outcome_of
-from vllm_tmaguard.supply import plan_supply
-from vllm_tmaguard.toggles import Toggles
+from vllm_tmaguard.stages import layers as fingerprints
+from vllm_tmaguard.stages.elf import EM_X86_64, ElfInfo
+from vllm_tmaguard.stages.gpu import GpuFacts
+from vllm_tmaguard.stages.layers import LABELS, Layer, PodEvidence, detect_layers
+from vllm_tmaguard.stages.metering import layer_problems, metering_json, metering_of
+from vllm_tmaguard.stages.record import outcome_of
+from vllm_tmaguard.stages.supply import plan_supply
+from vllm_tmaguard.stages.toggles import Toggles
 
 LIB = "/usr/local/nvidia/lib64/libcuda.so.1"
 # The CUDA 12 fork: CUDA 12.2 headers' names, not cuTensorMapEncodeIm2colWide.

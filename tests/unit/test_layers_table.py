@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from facts_kit import REAL_DRIVER, VCUDA
 
-from vllm_tmaguard import metering
-from vllm_tmaguard.elf import EM_X86_64, ElfInfo
-from vllm_tmaguard.layers import LABELS, Layer, PodEvidence, detect_layers, gather_evidence
+from vllm_tmaguard.stages import metering
+from vllm_tmaguard.stages.elf import EM_X86_64, ElfInfo
+from vllm_tmaguard.stages.layers import LABELS, Layer, PodEvidence, detect_layers, gather_evidence
 
 VCUDA_FILES = frozenset({"/etc/vcuda", "/usr/local/nvidia/bin/gpu-client"})
 HAMI = "/usr/local/vgpu/libvgpu.so"

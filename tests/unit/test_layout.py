@@ -1,6 +1,9 @@
-"""The package's shape (README's Layout): no import cycle; nothing below an entry point imports one (the
-pipeline modules never import the doctor or the command line, the doctor's findings never import what
-gathers or renders); no module over 400 lines unless its docstring says why ("Long because ...")."""
+"""The package's shape (README's Layout, docs/design.md §0.2): the top level is what every vLLM process may
+import (the entry points and what a replay imports), the rest lives in wings (`stages/`: the full run;
+`doctor/`; `install/`: the commands that place the guard), and nothing at the top imports a wing but three
+lazy doors; no import cycle; nothing below an entry point imports one (the stages never import the doctor
+or the command line, the doctor's findings never import what gathers or renders); no module over 400 lines
+unless its docstring says why ("Long because ...")."""
 
 from __future__ import annotations
 
@@ -77,3 +80,54 @@ def test_every_module_imports() -> None:
     skipped = {"vllm_tmaguard.__main__", "vllm_tmaguard._import_hook"}  # run things when imported
     for name in sorted(set(MODULES) - skipped):
         importlib.import_module(name)
+
+
+WINGS = ("stages", "doctor", "install")
+# The only imports of a wing by a module a vLLM process may load, each lazy and each where a replay cannot
+# answer: the full run (no verdict cached), the torch-first question (torch imported before vLLM), and the
+# toggles a Ray job's runtime env carries (once per job, in the process that starts it).
+LAZY_DOORS = {
+    ("vllm_tmaguard.guard", "vllm_tmaguard.stages.pipeline"),
+    ("vllm_tmaguard._import_hook", "vllm_tmaguard.stages.early"),
+    ("vllm_tmaguard.ray_hook", "vllm_tmaguard.stages.ray_env"),
+}
+# Where a vLLM process enters the package: the .pth's import hook, vLLM's plugin entry points, Ray's hooks.
+VLLM_ENTRY_POINTS = ("vllm_tmaguard._import_hook", "vllm_tmaguard.plugin", "vllm_tmaguard.ray_hook")
+TOP = {name for name, path in MODULES.items() if path.parent == PACKAGE}
+
+
+def in_wing(name: str) -> bool:
+    return name.split(".")[1] in WINGS if "." in name else False
+
+
+def test_nothing_at_the_top_imports_a_wing_but_three_lazy_doors() -> None:
+    """The command line (`cli`, `__main__`) is run by a person, never by vLLM: it may import any wing."""
+    crossings = {(name, t) for name in TOP - ENTRY_POINTS for t in GRAPH[name] if in_wing(t)}
+    assert crossings == LAZY_DOORS
+
+
+def test_the_doors_are_lazy() -> None:
+    for name, target in LAZY_DOORS:
+        tree = ast.parse(MODULES[name].read_text())
+        at_module_level = {f"vllm_tmaguard.{n.module.lstrip('.')}" for n in tree.body
+                           if isinstance(n, ast.ImportFrom) and n.module}  # fmt: skip
+        assert target in GRAPH[name] and target not in at_module_level, (name, target)
+
+
+def test_the_top_is_exactly_what_a_vllm_process_may_import_and_the_command_line() -> None:
+    """Every top-level module is reached from vLLM's entry points through top-level modules only: nothing of
+    the full run, the doctor or the installers sits at the top, where it would read as every process's."""
+    reached, todo = {"vllm_tmaguard"}, list(VLLM_ENTRY_POINTS)
+    while todo:
+        name = todo.pop()
+        if name not in reached:
+            reached.add(name)
+            todo += [t for t in GRAPH[name] if not in_wing(t)]
+    assert reached == TOP - ENTRY_POINTS
+
+
+def test_the_rule_sees_a_wing_imported_at_the_top() -> None:
+    """The rule's reader: a lazy door and a wing's own `from .. import` are both seen."""
+    assert "vllm_tmaguard.stages.pipeline" in GRAPH["vllm_tmaguard.guard"]
+    assert "vllm_tmaguard.files" in GRAPH["vllm_tmaguard.stages.elf"]
+    assert {"vllm_tmaguard.stages", "vllm_tmaguard.doctor", "vllm_tmaguard.install"} <= set(MODULES)

@@ -8,15 +8,15 @@ from __future__ import annotations
 import pytest
 from facts_kit import REAL_DRIVER, VCUDA, driver, facts
 
-from vllm_tmaguard.actions import apply_routing, apply_supply
-from vllm_tmaguard.gpu import Gpu, GpuFacts
-from vllm_tmaguard.layers import Layer
 from vllm_tmaguard.line import MESSAGE_LIMIT, level_of, render
-from vllm_tmaguard.record import assemble
-from vllm_tmaguard.routing import plan_routing
-from vllm_tmaguard.runtime_cuda import CudaBuild, too_old
-from vllm_tmaguard.supply import plan_supply
-from vllm_tmaguard.toggles import Toggles
+from vllm_tmaguard.stages.actions import apply_routing, apply_supply
+from vllm_tmaguard.stages.gpu import Gpu, GpuFacts
+from vllm_tmaguard.stages.layers import Layer
+from vllm_tmaguard.stages.record import assemble
+from vllm_tmaguard.stages.routing import plan_routing
+from vllm_tmaguard.stages.runtime_cuda import CudaBuild, too_old
+from vllm_tmaguard.stages.supply import plan_supply
+from vllm_tmaguard.stages.toggles import Toggles
 
 VCUDA_LAYER = (Layer("vcuda", ("libcuda.so.1 has SONAME libcuda-control.so",)),)
 H100 = GpuFacts((Gpu(0, "NVIDIA H100 80GB HBM3", (9, 0), "0000:18:00.0"),), "580.159.04", 13000)

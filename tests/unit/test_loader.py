@@ -5,8 +5,8 @@ import shutil
 import struct
 import subprocess
 
-from vllm_tmaguard.loader import read_ld_so_cache, resolve_library
 from vllm_tmaguard.process import mapped_files, split_library_path
+from vllm_tmaguard.stages.loader import read_ld_so_cache, resolve_library
 
 
 def test_ld_so_cache_matches_ldconfig() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_tmaguard.manifests.memory_flag import fraction_args, requested_memory
+from vllm_tmaguard.install.manifests.memory_flag import fraction_args, requested_memory
 
 IMAGE = "vllm/vllm-openai:v0.32.0"
 

@@ -1,11 +1,11 @@
-"""vllm_tmaguard/manifests/stream.py: a YAML stream split into documents whose texts join back to the
+"""vllm_tmaguard/install/manifests/stream.py: a YAML stream split into documents whose texts join back to the
 stream, checked against PyYAML's reading of the whole; an edited document keeps its `---` and comments."""
 
 from __future__ import annotations
 
 import pytest
 
-from vllm_tmaguard.manifests import stream
+from vllm_tmaguard.install.manifests import stream
 
 HELM = """---
 # Source: chart/templates/a.yaml

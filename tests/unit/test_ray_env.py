@@ -1,4 +1,4 @@
-"""vllm_tmaguard/ray_env.py and ray_hook.runtime_env_hook: the toggles set in the head's environment carried
+"""stages/ray_env.py and ray_hook.runtime_env_hook: the toggles set in the head's environment carried
 to the Ray workers of the job it starts (the runtime-env hook, added only where the user has none; vLLM's copy
 list, added to, never replaced), the pod-local toggles left in each pod; route() asks for it wherever it
 routes. The Ray cluster itself: tests/test_ray_workers.py."""
@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_tmaguard import ray_env, ray_hook
-from vllm_tmaguard.routing import ENV_NAMES, plan_routing
+from vllm_tmaguard import ray_hook
+from vllm_tmaguard.stages import ray_env
+from vllm_tmaguard.stages.routing import ENV_NAMES, plan_routing
 
 HOOK = {"RAY_RUNTIME_ENV_HOOK": "vllm_tmaguard.ray_hook.runtime_env_hook"}
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from vllm_tmaguard import store
 from vllm_tmaguard.codes import RECORD_DIR_REFUSED
 from vllm_tmaguard.files import default_record_dir
-from vllm_tmaguard.store import open_record_dir
+from vllm_tmaguard.stages import store
+from vllm_tmaguard.stages.store import open_record_dir
 
 
 def _everyone(path: Path) -> Path:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_tmaguard.routing import RoutingInputs, plan_routing, route, tma_verdict
-from vllm_tmaguard.routing_table import TABLES, table_for
+from vllm_tmaguard.stages.routing import RoutingInputs, plan_routing, route, tma_verdict
+from vllm_tmaguard.stages.routing_table import TABLES, table_for
 
 HOPPER, ADA, BLACKWELL = (9, 0), (8, 9), (10, 0)
 ENCODER = (True, "libcuda.so.1 exports cuTensorMapEncodeTiled")

@@ -10,7 +10,7 @@ import pytest
 
 from vllm_tmaguard import codes
 from vllm_tmaguard.process import find_package_dir
-from vllm_tmaguard.runtime_cuda import (
+from vllm_tmaguard.stages.runtime_cuda import (
     CudaBuild,
     cudart_major,
     forward_compatible,
@@ -18,7 +18,7 @@ from vllm_tmaguard.runtime_cuda import (
     read_build,
     too_old,
 )
-from vllm_tmaguard.vllm_probe import probe_vllm
+from vllm_tmaguard.stages.vllm_probe import probe_vllm
 
 CUDA_13 = CudaBuild((13, 0), "torch/version.py", 13, "vllm/_C_stable_libtorch.abi3.so")
 CUDA_12 = CudaBuild((12, 9), "torch/version.py", 12, "vllm/_C.abi3.so")

@@ -10,9 +10,9 @@ import pytest
 from facts_kit import REAL_DRIVER, VCUDA, driver, facts
 
 from vllm_tmaguard import codes
-from vllm_tmaguard.layers import Layer
-from vllm_tmaguard.supply import plan_supply
-from vllm_tmaguard.toggles import Toggles
+from vllm_tmaguard.stages.layers import Layer
+from vllm_tmaguard.stages.supply import plan_supply
+from vllm_tmaguard.stages.toggles import Toggles
 
 REAL = "/usr/local/nvidia/lib64/libcuda.so.580.159.04"
 CONTROL = "/usr/local/nvidia/lib64/libcuda-control.so"

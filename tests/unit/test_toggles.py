@@ -1,7 +1,7 @@
 import pytest
 
 from vllm_tmaguard import codes
-from vllm_tmaguard.toggles import TOGGLES, ToggleError, Toggles, parse_toggles, read_toggles
+from vllm_tmaguard.stages.toggles import TOGGLES, ToggleError, Toggles, parse_toggles, read_toggles
 
 
 def test_defaults_when_unset() -> None:

@@ -17,7 +17,7 @@ import pytest
 from podkit import Pod, child_environ
 from releases import BY_VERSION, RELEASES, RESULTS, Release
 
-from vllm_tmaguard.routing_table import KERNELS, table_for
+from vllm_tmaguard.stages.routing_table import KERNELS, table_for
 
 PROBE = Path(__file__).with_name("probe.py")
 RTX4090 = {"gpu_name": "NVIDIA GeForce RTX 4090", "cc": "8.9"}

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..catalogue import overlay_path
-from ..consumers import Consumer
-from ..elf import ElfError, read_elf
-from ..facts import DriverFacts
-from ..fatbin import FatbinError, coverage, read_fatbin, sm_name
-from ..supply import Supply
-from ..vllm_probe import extension_modules
+from ..stages.catalogue import overlay_path
+from ..stages.elf import ElfError, read_elf
+from ..stages.facts import DriverFacts
+from ..stages.supply import Supply
+from ..stages.vllm_probe import extension_modules
+from .consumers import Consumer
+from .fatbin import FatbinError, coverage, read_fatbin, sm_name
 
 
 def read_fatbins(package_dir: str | None) -> list[tuple[str, str, Any]]:

@@ -223,7 +223,8 @@ def preload_check() -> list[dict[str, Any]]:
     """Each preload entry of a sharing layer this process's loader was given (its LD_PRELOAD, the real
     /etc/ld.so.preload) and whether it is in /proc/self/maps: whether the layer is in force in a process
     started as the pod starts them."""
-    from vllm_tmaguard import files, layers, preloads, process
+    from vllm_tmaguard import files, process
+    from vllm_tmaguard.stages import layers, preloads
 
     from_env = preloads.split_preload(os.environ.get(preloads.PRELOAD_ENV, ""))
     text = files.read_text(preloads.PRELOAD_FILE, 1 << 20) or ""
@@ -250,7 +251,7 @@ def preload_check() -> list[dict[str, Any]]:
 
 def run(mode: str, args: dict[str, Any]) -> dict[str, Any]:
     if mode == "nvml":
-        from vllm_tmaguard.nvml import probe_with_nvml
+        from vllm_tmaguard.doctor.nvml import probe_with_nvml
 
         facts = probe_with_nvml()
         return {**facts._asdict(), "gpus": [gpu._asdict() for gpu in facts.gpus]}

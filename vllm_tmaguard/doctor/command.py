@@ -15,8 +15,8 @@ from ..codes import EXIT_INTERNAL
 from ..files import discard_into_null, write_private
 from ..line import printable
 from ..redaction import redact
-from ..store import open_record_dir
-from ..toggles import read_toggles
+from ..stages.store import open_record_dir
+from ..stages.toggles import read_toggles
 from .children import DEFAULT_ACTIVE_TIMEOUT, DEFAULT_NVML_TIMEOUT
 from .constants import SCHEMA
 from .findings import conclude

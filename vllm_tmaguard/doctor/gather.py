@@ -12,13 +12,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from .. import __version__
-from ..consumers import other_consumers, site_path, vllm_consumers
-from ..fatbin import sm_name
 from ..process import find_package_dir
-from ..toggles import Toggles
+from ..stages.toggles import Toggles
 from .binaries import architectures, consumer_rows, overlay_exports, read_fatbins
 from .children import DEFAULT_ACTIVE_TIMEOUT, DEFAULT_NVML_TIMEOUT, run_active
 from .constants import SCHEMA
+from .consumers import other_consumers, site_path, vllm_consumers
+from .fatbin import sm_name
 from .hooks import guard_hooks, read_record
 
 
@@ -31,7 +31,7 @@ def gather(
     nvml_timeout: float = DEFAULT_NVML_TIMEOUT,
 ) -> dict[str, Any]:
     """The report without its findings (findings.conclude adds them)."""
-    from ..preview import preview_all
+    from ..stages.preview import preview_all
 
     path = site_path(vllm_dir, sys.path)
     package_dir = vllm_dir or find_package_dir("vllm")

@@ -11,13 +11,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from .. import __version__, files
-from ..catalogue import SHIM_FILES, overlay_path, shim_path
 from ..issue import LAST_RECORD
-from ..record_shape import SCHEMA, why_not_a_record
-from ..scan_cache import CACHE_PREFIX, CACHE_SUFFIX
-from ..store import record_dir_to_read
-from ..supply import Supply
+from ..stages.catalogue import SHIM_FILES, overlay_path, shim_path
+from ..stages.scan_cache import CACHE_PREFIX, CACHE_SUFFIX
+from ..stages.store import record_dir_to_read
+from ..stages.supply import Supply
 from ..verdict import CACHE_FILE
+from .record_shape import SCHEMA, why_not_a_record
 
 
 def _library_file(supply: Supply) -> str | None:
@@ -95,7 +95,7 @@ def read_record(asked_dir: str) -> dict[str, Any]:
     if where.path is None or path is None:
         return out
     try:
-        document = files.parse_json(files.read_private(where.path, LAST_RECORD), path)
+        document = files.read_private_json(where.path, LAST_RECORD)
     except FileNotFoundError:
         return out
     except (OSError, ValueError) as error:

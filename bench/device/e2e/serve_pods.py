@@ -24,7 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
-from vllm_tmaguard.loader import resolve_library  # noqa: E402
+from vllm_tmaguard.stages.loader import resolve_library  # noqa: E402
 
 STATE = Path(os.environ.get("E2E_STATE", "/tmp/e2e"))
 MODEL = STATE / "model"

@@ -11,8 +11,15 @@ import sys
 from collections import Counter
 
 sys.path.insert(0, __file__.rsplit("/bench/", 1)[0])
-from vllm_tmaguard.elf import section_extent
-from vllm_tmaguard.fatbin import _CONTAINER, _ENTRY, FLAG_ARCH_SPECIFIC, FLAG_FAMILY_SPECIFIC, MAGIC, Entry
+from vllm_tmaguard.doctor.fatbin import (
+    _CONTAINER,
+    _ENTRY,
+    FLAG_ARCH_SPECIFIC,
+    FLAG_FAMILY_SPECIFIC,
+    MAGIC,
+    Entry,
+)
+from vllm_tmaguard.stages.elf import section_extent
 
 HOPPER = (9, 0)
 

@@ -29,7 +29,7 @@ logged() {  # log command...: quiet on success, the log's tail on failure
   "$@" > "$log" 2>&1 || { tail -30 "$log"; return 1; }
 }
 real() {  # the file the loader gives for a library name (the machine's driver)
-  python3 -c "import os, sys; from vllm_tmaguard.loader import resolve_library as r
+  python3 -c "import os, sys; from vllm_tmaguard.stages.loader import resolve_library as r
 print(os.path.realpath(r(sys.argv[1], {}).path))" "$1"
 }
 

@@ -14,8 +14,8 @@ bash bench/device/e2e/setup.sh > "$out/setup.log" 2>&1 || { tail -30 "$out/setup
 bash $here/build.sh > "$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
 base_path=/tmp/e2e/site:/tmp/e2e/v25:$root/bench/device
 # pod.sh asks the package where the real driver is: ask it now, before it leaves site-packages.
-REAL_CUDA=$(python3 -c "import os; from vllm_tmaguard.loader import resolve_library as r; print(os.path.realpath(r('libcuda.so.1', {}).path))")
-REAL_NVML=$(python3 -c "import os; from vllm_tmaguard.loader import resolve_library as r; print(os.path.realpath(r('libnvidia-ml.so.1', {}).path))")
+REAL_CUDA=$(python3 -c "import os; from vllm_tmaguard.stages.loader import resolve_library as r; print(os.path.realpath(r('libcuda.so.1', {}).path))")
+REAL_NVML=$(python3 -c "import os; from vllm_tmaguard.stages.loader import resolve_library as r; print(os.path.realpath(r('libnvidia-ml.so.1', {}).path))")
 export REAL_CUDA REAL_NVML
 
 echo "== inject, then the pip install removed"

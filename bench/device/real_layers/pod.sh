@@ -44,7 +44,7 @@ dir=$state/pods/$pod
 layer=${pod%%+*}
 gpus=${POD_GPUS:-1}
 real() {  # the file the loader gives for a library name outside any pod
-  env -u LD_LIBRARY_PATH python3 -c "import os, sys; from vllm_tmaguard.loader import resolve_library as r
+  env -u LD_LIBRARY_PATH python3 -c "import os, sys; from vllm_tmaguard.stages.loader import resolve_library as r
 print(os.path.realpath(r(sys.argv[1], {}).path))" "$1"
 }
 real_cuda=${REAL_CUDA:-$(real libcuda.so.1)}

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...codes import OVERLAY_FAILED, SHIM_FAILED
-from ...layers import LABELS
+from ...stages.layers import LABELS
 from .base import finding, fix
 
 _ACTION_FAILURES = frozenset({OVERLAY_FAILED, SHIM_FAILED})

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...catalogue import ENCODERS, LAUNCH_EX, PROC_ADDRESS_V2
 from ...codes import HANDLE_SCOPED_GAP
+from ...stages.catalogue import ENCODERS, LAUNCH_EX, PROC_ADDRESS_V2
 from .base import SEVERITIES, finding, fix
 
 _HANDLE_EFFECTS = {

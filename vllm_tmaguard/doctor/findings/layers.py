@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ... import metering as m
 from ...codes import CUDA_BROKEN, LAYER_NOT_IN_FORCE
+from ...stages import metering as m
 from .base import finding, fix
 
 _STATUS_WORDS = {
