@@ -161,13 +161,14 @@ def run_python(tmp_path: Path) -> Callable[..., Run]:
         termination_log: Path | None = None,
         args: Sequence[str] = (),
         prefix: Sequence[str] = (),
+        module: str | None = None,
     ) -> Run:
         """`termination_log`: the process sees this file as the kubelet's /dev/termination-log (a private
         mount namespace, podkit.as_kubelet_container); `args`: the process's command line after `-c`;
-        `prefix`: what runs it (faultkit's prefixes)."""
+        `prefix`: what runs it (faultkit's prefixes); `module`: `python -m module` runs instead of `code`."""
         record_dir = tmp_path / records
         child_env = child_environ(pod, record_dir, env)
-        command = [*prefix, python, "-c", code, *args]
+        command = [*prefix, python, *(("-m", module) if module else ("-c", code)), *args]
         done = subprocess.run(
             as_kubelet_container(command, termination_log) if termination_log else command,
             env=child_env,
