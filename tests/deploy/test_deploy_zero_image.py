@@ -238,10 +238,12 @@ def test_wheel_configmap_prints_the_configmap_the_post_renderer_mounts(release, 
     assert wheel.for_this_machine(str(layout), "aarch64").path.endswith("aarch64.whl")
 
 
-def test_wheel_configmap_into_the_overlay_pins_its_init_container(release, tmp_path) -> None:
+def test_wheel_configmap_into_the_overlay_pins_its_init_container(release, stock_python, tmp_path) -> None:
     """Issue 34: the overlay had no place for the pin that wheel-configmap prints. `tmaguard wheel-configmap
     WHEEL --into` the overlay writes the wheel and its pin there (wheel-pin.yaml); the overlay then renders
-    the init container `tmaguard manifests --wheel WHEEL` adds: pinned to that wheel."""
+    the init container `tmaguard manifests --wheel WHEEL` adds: pinned to that wheel. Run as the kubelet
+    runs it on the ConfigMap the overlay renders, it places the package; the same ConfigMap holding a forged
+    wheel instead, it refuses it by the pin."""
     k8s = tmp_path / "k8s"
     shutil.copytree(DEPLOY / "k8s", k8s, ignore=shutil.ignore_patterns("*.whl"))
     overlay = k8s / OVERLAY
@@ -257,6 +259,25 @@ def test_wheel_configmap_into_the_overlay_pins_its_init_container(release, tmp_p
     (init,) = find(objects, "Deployment", "vllm")["spec"]["template"]["spec"]["initContainers"]
     assert init == zero_image.init_container(vllm_container(objects), (digest,))
     assert init["env"] == [{"name": "TMAGUARD_WHEEL_SHA256", "value": digest}]
+
+    pod = find(objects, "Deployment", "vllm")["spec"]["template"]["spec"]
+    volume = next(v for v in pod["volumes"] if v["name"] == zero_image.WHEEL_VOLUME)
+    configmap = find(objects, "ConfigMap", volume["configMap"]["name"])
+    forged = _forged(genuine, tmp_path / "forged.whl", tmp_path / "forged-code-ran")
+    for case in ("genuine", "forged"):
+        wheels = _configmap_volume(configmap, tmp_path / case / "configmap")
+        if case == "forged":  # the ConfigMap edited after the pin was written
+            (wheels / zero_image.OVERLAY_WHEEL).resolve().write_bytes(forged.read_bytes())
+        package = tmp_path / case / "emptydir"
+        package.mkdir(mode=0o777)
+        ran = run_init_container(init, wheels, package, Path(stock_python).parent)
+        if case == "genuine":
+            assert ran.returncode == 0, ran.stderr
+            assert (package / "vllm_tmaguard/lib/libtmaguard_overlay.so").is_file()
+        else:
+            assert ran.returncode == 1, ran.stderr
+            assert "is not one that TMAGUARD_WHEEL_SHA256 pins" in ran.stderr, ran.stderr
+            assert list(package.iterdir()) == [] and not (tmp_path / "forged-code-ran").exists()
 
 
 def test_a_wheel_its_record_does_not_vouch_for_is_refused(release, tmp_path) -> None:
