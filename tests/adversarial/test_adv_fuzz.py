@@ -255,7 +255,8 @@ def test_the_gpus_from_any_proc_files(tmp_path_factory, version, information, mi
 
 def test_a_proc_file_that_is_a_fifo_or_endless_is_refused(tmp_path) -> None:
     """The door's bound and type check on a system file: a FIFO is not opened for reading as a file, and a
-    file longer than the cap is refused, not read into memory."""
+    file longer than the cap is refused, not read into memory; the GPU probe given a FIFO for its file finds
+    no kernel module, at once."""
     fifo = tmp_path / "version"
     os.mkfifo(fifo)
     with pytest.raises(files.Refused, match="FIFO"):
@@ -265,6 +266,25 @@ def test_a_proc_file_that_is_a_fifo_or_endless_is_refused(tmp_path) -> None:
     with pytest.raises(files.Refused, match="more than the 1024"):
         files.read_bytes(str(big), 1024)
     assert gpu.probe_gpus(str(tmp_path)).gpus == ()
+    # The probe itself meets the FIFO where it reads the kernel module's version file, a writer holding it
+    # open (a blocking open or read would wait for ever): no kernel module, no GPU.
+    root = tmp_path / "pod"
+    proc = root / "proc/driver/nvidia"
+    (proc / "gpus/0000:01:00.0").mkdir(parents=True)
+    (proc / "gpus/0000:01:00.0/information").write_text("Model: NVIDIA H100 80GB HBM3\nDevice Minor: 0\n")
+    (root / "dev").mkdir()
+    (root / "dev/nvidia0").write_bytes(b"")
+    os.mkfifo(proc / "version")
+    writer = os.open(proc / "version", os.O_RDWR | os.O_NONBLOCK)
+    try:
+        facts = gpu.probe_gpus(str(root))
+    finally:
+        os.close(writer)
+    assert facts.gpus == () and facts.error.startswith("no NVIDIA kernel module"), facts
+    # The same pod with the file as the kernel module makes it: its GPU (the FIFO was where the probe reads).
+    (proc / "version").unlink()
+    (proc / "version").write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.95.05\n")
+    assert [g.name for g in gpu.probe_gpus(str(root)).gpus] == ["NVIDIA H100 80GB HBM3"]
 
 
 FLAG_WORDS = st.sampled_from(
