@@ -187,12 +187,12 @@ def run_python(tmp_path: Path) -> Callable[..., Run]:
 def stock_python(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A Python whose site-packages holds everything this test environment has except vllm-tmaguard."""
     root = tmp_path_factory.mktemp("stock-image")
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True, timeout=120)
     ours = Path(sysconfig.get_paths()["purelib"])
     theirs = Path(
         subprocess.run(
             [str(root / "bin/python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-            capture_output=True, text=True, check=True,
+            capture_output=True, text=True, check=True, timeout=120,
         ).stdout.strip()
     )  # fmt: skip
     for entry in ours.iterdir():

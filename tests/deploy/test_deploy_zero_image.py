@@ -120,12 +120,12 @@ def pip_installed(tmp_path_factory, release) -> Path:
     """A Python with vLLM and this test environment's other packages, and the release wheel installed by pip
     (what deploy/Dockerfile does to the vLLM image): the Python to compare the zero-image install with."""
     root = tmp_path_factory.mktemp("pip-installed")
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True, timeout=120)
     python = root / "bin" / "python"
     site = Path(
         subprocess.run(
             [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-            capture_output=True, text=True, check=True,
+            capture_output=True, text=True, check=True, timeout=120,
         ).stdout.strip()
     )  # fmt: skip
     for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
@@ -134,7 +134,7 @@ def pip_installed(tmp_path_factory, release) -> Path:
     done = subprocess.run(
         [sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "--no-index", "-q",
          release.wheels["x86_64"]],
-        capture_output=True, text=True,
+        capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     return python
@@ -166,6 +166,7 @@ def test_the_init_container_places_the_package_as_tmaguard_inject_does(
         capture_output=True,
         text=True,
         cwd=tmp_path,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr
     theirs, ours = _tree(injected), _tree(placed)
@@ -249,7 +250,10 @@ def test_wheel_configmap_into_the_overlay_pins_its_init_container(release, stock
     overlay = k8s / OVERLAY
     genuine = release.wheels["x86_64"]
     done = subprocess.run(
-        [TMAGUARD, "wheel-configmap", str(genuine), "--into", str(overlay)], capture_output=True, text=True
+        [TMAGUARD, "wheel-configmap", str(genuine), "--into", str(overlay)],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr
     digest = hashlib.sha256(genuine.read_bytes()).hexdigest()
