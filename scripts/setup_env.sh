@@ -23,7 +23,7 @@ vllm_imports=(numpy packaging regex psutil pyzmq urllib3 "transformers>=5.16.1,<
 # the selectors only behave as in a normal install with it present.
 humming=("humming-kernels==0.1.17")
 test_tools=(pytest pytest-xdist nvidia-ml-py typer rich ruff hypothesis kubernetes-validate jsonpatch yamllint
-  dockerfile-parse matplotlib auditwheel build "setuptools>=77" check-jsonschema zizmor "helm-python-sdk==0.2.2"
+  pytest-timeout dockerfile-parse matplotlib auditwheel build "setuptools>=77" check-jsonschema zizmor "helm-python-sdk==0.2.2"
   "ray==2.60.0")
 
 # The stamp names what is installed: a changed version or list is installed on the next run.

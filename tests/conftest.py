@@ -161,13 +161,14 @@ def run_python(tmp_path: Path) -> Callable[..., Run]:
         termination_log: Path | None = None,
         args: Sequence[str] = (),
         prefix: Sequence[str] = (),
+        module: str | None = None,
     ) -> Run:
         """`termination_log`: the process sees this file as the kubelet's /dev/termination-log (a private
         mount namespace, podkit.as_kubelet_container); `args`: the process's command line after `-c`;
-        `prefix`: what runs it (faultkit's prefixes)."""
+        `prefix`: what runs it (faultkit's prefixes); `module`: `python -m module` runs instead of `code`."""
         record_dir = tmp_path / records
         child_env = child_environ(pod, record_dir, env)
-        command = [*prefix, python, "-c", code, *args]
+        command = [*prefix, python, *(("-m", module) if module else ("-c", code)), *args]
         done = subprocess.run(
             as_kubelet_container(command, termination_log) if termination_log else command,
             env=child_env,
@@ -186,12 +187,12 @@ def run_python(tmp_path: Path) -> Callable[..., Run]:
 def stock_python(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A Python whose site-packages holds everything this test environment has except vllm-tmaguard."""
     root = tmp_path_factory.mktemp("stock-image")
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True, timeout=120)
     ours = Path(sysconfig.get_paths()["purelib"])
     theirs = Path(
         subprocess.run(
             [str(root / "bin/python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-            capture_output=True, text=True, check=True,
+            capture_output=True, text=True, check=True, timeout=120,
         ).stdout.strip()
     )  # fmt: skip
     for entry in ours.iterdir():

@@ -280,7 +280,7 @@ def _compile(output: Path, inputs: list[Path], args: list[str]) -> None:
     os.close(fd)
     cmd = [_gcc(), *args, "-o", tmp_name]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=300)
         if proc.returncode != 0:
             raise StandinBuildError(f"{' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
         os.chmod(tmp_name, 0o755)

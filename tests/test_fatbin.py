@@ -61,10 +61,13 @@ def small_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
             [_tool("nvcc"), "-c", "-Xcompiler", "-fPIC", *flags, "-o", str(obj), str(source)],
             check=True,
             capture_output=True,
+            timeout=300,
         )
         objects.append(str(obj))
     library = out / "libkernels.so"
-    subprocess.run(["gcc", "-shared", "-o", str(library), *objects], check=True, capture_output=True)
+    subprocess.run(
+        ["gcc", "-shared", "-o", str(library), *objects], check=True, capture_output=True, timeout=120
+    )
     return library
 
 
@@ -75,6 +78,7 @@ def cuobjdump_names(path: Path) -> Counter[tuple[str, str]]:
         capture_output=True,
         text=True,
         check=True,
+        timeout=300,
     )
     names: Counter[tuple[str, str]] = Counter()
     for line in done.stdout.splitlines():

@@ -284,7 +284,11 @@ def test_check_command_reports_what_a_vllm_process_would_do(pods) -> None:
 
     env = {**pods("vcuda").environ(), "TMAGUARD_MODE": "auto"}
     done = subprocess.run(
-        [sys.executable, "-m", "vllm_tmaguard", "check", "--json"], env=env, capture_output=True, text=True
+        [sys.executable, "-m", "vllm_tmaguard", "check", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     record = json.loads(done.stdout)
     assert done.returncode == 0, done.stderr
@@ -295,6 +299,6 @@ def test_check_command_reports_what_a_vllm_process_would_do(pods) -> None:
     off = {**env, "TMAGUARD_MODE": "off"}
     for args in (["check"], ["check", "--json"]):
         command = [sys.executable, "-m", "vllm_tmaguard", *args]
-        done = subprocess.run(command, env=off, capture_output=True, text=True)
+        done = subprocess.run(command, env=off, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0 and "supplied" not in done.stdout, done.stdout
         assert "TMAGUARD_MODE=off: the guard does nothing" in done.stdout

@@ -44,7 +44,9 @@ def test_hook_does_nothing_until_vllm_is_imported() -> None:
         "import sys, json; import vllm_tmaguard._import_hook as h; import json as j2, email.utils;"
         "print(json.dumps([h.VllmImportHook in sys.meta_path, 'vllm_tmaguard.guard' in sys.modules]))"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300
+    )
     assert done.stdout.strip() == "[true, false]"
 
 

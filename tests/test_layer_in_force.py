@@ -71,7 +71,7 @@ def gcc(tmp_path: Path, name: str, source: str, *flags: str) -> Path:
     out = tmp_path / name
     done = subprocess.run(
         ["gcc", "-shared", "-fPIC", str(tmp_path / f"{name}.c"), *flags, "-o", str(out)],
-        capture_output=True, text=True,
+        capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     if done.returncode != 0:
         pytest.fail(f"gcc {' '.join(flags)} cannot build {name} here: {done.stderr.strip()[-300:]}")
@@ -219,7 +219,9 @@ def test_a_library_needing_a_newer_glibc_stops_every_process(pods, tmp_path) -> 
     pod = pods("hami", cc="9.0")
     shutil.copyfile(built, hami_library(pod))
     preloading = {"LD_PRELOAD": str(hami_library(pod))}
-    dies = subprocess.run([sys.executable, "-c", "pass"], env=preloading, capture_output=True, text=True)
+    dies = subprocess.run(
+        [sys.executable, "-c", "pass"], env=preloading, capture_output=True, text=True, timeout=300
+    )
     assert dies.returncode != 0
     assert f"version `GLIBC_2.99' not found (required by {hami_library(pod)})" in dies.stderr
     code, report = doctor(pod, tmp_path / "r", env={"LD_PRELOAD": ""})
@@ -235,7 +237,9 @@ def test_a_library_needing_a_newer_glibc_stops_every_process(pods, tmp_path) -> 
 
 
 def _identity(path: Path) -> dict:
-    notes = subprocess.run(["readelf", "-n", str(path)], capture_output=True, text=True, check=True).stdout
+    notes = subprocess.run(
+        ["readelf", "-n", str(path)], capture_output=True, text=True, check=True, timeout=120
+    ).stdout
     build_id = notes.split("Build ID:")[1].split()[0]
     return {"size": path.stat().st_size, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()[:12],
             "build_id": build_id}  # fmt: skip

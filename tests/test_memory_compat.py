@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 H100 = {"gpu_name": "NVIDIA H100 80GB HBM3", "cc": "9.0"}
 
@@ -46,10 +47,45 @@ print("RESULT " + json.dumps({"argv": sys.argv[1:]}))
 """
 
 
-def test_vllms_default_is_given_what_fits_each_layers_limit(pods, run_python) -> None:
-    # HAMi-core's variable, through vLLM's own import and parser.
-    hami = run_python(pods("hami", **H100), SERVE, {"CUDA_DEVICE_MEMORY_LIMIT_0": "8g"}, args=["[]"])
+# vLLM's OpenAI server started as a module, `python -m vllm.entrypoints.openai.api_server`: the guard runs
+# when `-m` imports the real `vllm` package, while argv[0] is still "-m" (launch.is_server reads the module's
+# name from /proc/self/cmdline: process.module_run). The server module itself is found, by a finder that
+# sitecustomize.py installs, in API_SERVER: vLLM's own parser reads the command line as the server's does,
+# and no server starts.
+API_SERVER = """
+import json, sys
+from vllm.engine.arg_utils import EngineArgs
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+args = EngineArgs.add_cli_args(FlexibleArgumentParser()).parse_args(sys.argv[1:])
+print("RESULT " + json.dumps({"fraction": args.gpu_memory_utilization, "argv": sys.argv[1:]}))
+"""
+SITECUSTOMIZE = """
+import importlib.util, os, sys
+class ApiServer:
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name == "vllm.entrypoints.openai.api_server":
+            return importlib.util.spec_from_file_location(name, os.environ["TEST_API_SERVER"])
+        return None
+sys.meta_path.insert(0, ApiServer)
+"""
+
+
+def _api_server(directory: Path) -> dict[str, str]:
+    """The environment that makes `python -m vllm.entrypoints.openai.api_server` run API_SERVER."""
+    directory.mkdir()
+    (directory / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    (directory / "api_server.py").write_text(API_SERVER)
+    return {"PYTHONPATH": str(directory), "TEST_API_SERVER": str(directory / "api_server.py")}
+
+
+def test_vllms_default_is_given_what_fits_each_layers_limit(pods, run_python, tmp_path) -> None:
+    # HAMi-core's variable, through vLLM's own import and parser, the server started as vLLM's module.
+    env = {"CUDA_DEVICE_MEMORY_LIMIT_0": "8g", **_api_server(tmp_path / "api-server")}
+    module = "vllm.entrypoints.openai.api_server"
+    hami = run_python(pods("hami", **H100), "", env, module=module, args=["--model", "MODEL"])
     assert _result(hami)["fraction"] == 0.84  # vLLM's own parser reads what the guard set
+    assert hami.last_record()["trigger"] == "import-hook"  # `-m` imported vllm: the guard ran then
     layers = {
         "hami": hami,
         "vgpu-manager": run_python(pods("vgpu-manager", **H100), SERVE_GUARD),  # CUDA_MEM_LIMIT_0=8192m

@@ -32,6 +32,7 @@ def inject(target: Path) -> None:
         capture_output=True,
         text=True,
         cwd=target.parent,  # not the repository root, whose source tree would shadow the installed package
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr
     assert "PYTHONPATH" in done.stdout  # says what to set in the vLLM container

@@ -149,6 +149,7 @@ def test_the_layers_own_lookup_fails_as_the_real_layer_does(pods, kind, expected
         env={**pod.environ(), "TMAGUARD_MODE": "off"},
         capture_output=True,
         text=True,
+        timeout=300,
     )
     assert expected in done.stdout + done.stderr
 
@@ -172,7 +173,11 @@ def test_the_guard_initialises_no_layer(pods, run_python) -> None:
     run = run_python(pod, GUARD_ALONE)
     assert run.result == 1 and "overlay loaded" in run.guard_lines()[0]
     check = subprocess.run(
-        [sys.executable, "-m", "vllm_tmaguard", "check"], env=pod.environ(), capture_output=True, text=True
+        [sys.executable, "-m", "vllm_tmaguard", "check"],
+        env=pod.environ(),
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert "tkestack vCUDA" in check.stdout
     assert not (pod.root / "etc/vcuda/registrations").exists()
@@ -281,16 +286,22 @@ def test_the_overlay_is_named_libcuda_carries_every_driver_symbol_and_needs_the_
 
     layer = "/usr/local/nvidia/lib64/libcuda.so.1"
     shipped = subprocess.run(
-        ["readelf", "-d", overlay_path()], capture_output=True, text=True, check=True
+        ["readelf", "-d", overlay_path()], capture_output=True, text=True, check=True, timeout=120
     ).stdout
     assert f"Auxiliary library: [{PLACEHOLDER.decode()}]" in shipped, shipped
     assert "Library soname: [libcuda.so.1]" in shipped and "Shared library: [/" not in shipped
     written = tmp_path / "libcuda.so.1"
     written.write_bytes(overlay_image(layer))
-    dynamic = subprocess.run(["readelf", "-d", written], capture_output=True, text=True, check=True).stdout
+    dynamic = subprocess.run(
+        ["readelf", "-d", written], capture_output=True, text=True, check=True, timeout=120
+    ).stdout
     assert f"Shared library: [{layer}]" in dynamic and "Auxiliary" not in dynamic, dynamic
     names = subprocess.run(
-        ["nm", "-D", "--defined-only", overlay_path()], capture_output=True, text=True, check=True
+        ["nm", "-D", "--defined-only", overlay_path()],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
     ).stdout
     exported = {line.split()[-1] for line in names.splitlines() if " cu" in line}
     import vllm_tmaguard
@@ -312,17 +323,24 @@ def test_env_command_prints_the_recipe_and_installs(pods, tmp_path) -> None:
     pod = pods("vcuda")
     env = {**pod.environ(), "TMAGUARD_RECORD_DIR": str(tmp_path / "records")}
     tmaguard = [sys.executable, "-m", "vllm_tmaguard", "env"]
-    printed = subprocess.run(tmaguard, env=env, capture_output=True, text=True, check=True).stdout
+    printed = subprocess.run(
+        tmaguard, env=env, capture_output=True, text=True, check=True, timeout=300
+    ).stdout
     assert "lacks cuTensorMapEncodeTiled, cuGetProcAddress_v2, cuLaunchKernelEx" in printed
     assert printed.rstrip().endswith(f"export LD_LIBRARY_PATH=/opt/tmaguard:{pod.lib_dir}")
     done = subprocess.run(
-        [*tmaguard, "--install-dir", str(tmp_path / "o")], env=env, capture_output=True, text=True, check=True
+        [*tmaguard, "--install-dir", str(tmp_path / "o")],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
     )
     assert (
         tmp_path / "o" / "libcuda.so.1"
     ).exists() and f"installed {tmp_path}/o/libcuda.so.1" in done.stdout
     bare = subprocess.run(
-        tmaguard, env={**pods("bare").environ()}, capture_output=True, text=True, check=True
+        tmaguard, env={**pods("bare").environ()}, capture_output=True, text=True, check=True, timeout=300
     )
     assert "exports every entry point the overlay would add: nothing to do" in bare.stdout
 
@@ -332,7 +350,7 @@ def test_env_command_installs_the_overlay_whatever_a_routing_toggle_says(pods, t
     out."""
     env = {**pods("vcuda").environ(), "TMAGUARD_RECORD_DIR": str(tmp_path / "r"), "TMAGUARD_GEMM": "fast"}
     command = [sys.executable, "-m", "vllm_tmaguard", "env", "--install-dir", str(tmp_path / "o")]
-    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and (tmp_path / "o" / "libcuda.so.1").exists(), done.stderr
     warning = "warning: TMAGUARD_GEMM='fast' is not valid; TMAGUARD_GEMM falls back to its default, auto"
     assert warning in done.stderr

@@ -5,6 +5,8 @@ through vLLM 0.32.0's real plugin loader."""
 from __future__ import annotations
 
 import json
+import os
+import time
 
 # The parent imports vLLM (the guard runs from the import hook) and forks a child that does what vLLM's
 # EngineCore does first: load the general plugins.
@@ -53,8 +55,13 @@ def test_process_records_are_bounded(pods, run_python) -> None:
     )
     first = run_python(pod, code)
     stale = [first.record_dir / f"process-{pid}.json" for pid in range(1, 80)]
-    for path in stale:
+    now = time.time()
+    for pid, path in enumerate(stale, start=1):
         path.write_text("{}")
+        os.utime(path, (now - 60 * pid, now - 60 * pid))  # pid N is N minutes old: names do not sort by age
+    os.utime(first.record_dir / f"process-{first.result}.json", (now - 86400, now - 86400))
     run = run_python(pod, code)
     kept = sorted(p.name for p in run.record_dir.glob("process-*.json"))
     assert len(kept) == 64 and f"process-{run.result}.json" in kept
+    # The newest 64 by modification time: this process's and the 63 youngest of the others.
+    assert set(kept) == {f"process-{run.result}.json", *(f"process-{pid}.json" for pid in range(1, 64))}

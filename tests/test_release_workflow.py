@@ -23,9 +23,11 @@ def test_the_workflow_is_valid_and_audited() -> None:
     """GitHub's workflow schema (vendored in check-jsonschema), then zizmor's audits offline (actions pinned
     by commit, no credentials left in the checkout, no template injection)."""
     schema = [_tool("check-jsonschema"), "--builtin-schema", "vendor.github-workflows", str(WORKFLOW)]
-    done = subprocess.run(schema, capture_output=True, text=True)
+    done = subprocess.run(schema, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
-    done = subprocess.run([_tool("zizmor"), "--offline", str(WORKFLOW)], capture_output=True, text=True)
+    done = subprocess.run(
+        [_tool("zizmor"), "--offline", str(WORKFLOW)], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 

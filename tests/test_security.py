@@ -267,12 +267,14 @@ def test_a_layer_others_can_change_is_said_by_guard_doctor_and_env(pods, run_pyt
 
     env = {**scrubbed_environ(), **pod.env}
     command = [sys.executable, "-m", "vllm_tmaguard"]
-    doctor = subprocess.run([*command, "doctor", "--json"], env=env, capture_output=True, text=True)
+    doctor = subprocess.run(
+        [*command, "doctor", "--json"], env=env, capture_output=True, text=True, timeout=300
+    )
     (finding,) = [f for f in json.loads(doctor.stdout)["findings"] if f["id"] == "layer-writable"]
     assert finding["severity"] == "warning" and why in finding["detail"] and doctor.returncode == 1
     install = tmp_path / "install"
     done = subprocess.run(
-        [*command, "env", "--install-dir", str(install)], env=env, capture_output=True, text=True
+        [*command, "env", "--install-dir", str(install)], env=env, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"# installed {install}/libcuda.so.1" in done.stdout

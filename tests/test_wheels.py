@@ -32,7 +32,7 @@ def python_312() -> str:
     candidates += [p for p in (shutil.which("python3.12"),) if p]
     for candidate in candidates:
         done = subprocess.run(
-            [candidate, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True
+            [candidate, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True, timeout=120
         )
         if done.returncode == 0 and done.stdout.strip() == b"(3, 12)":
             return candidate
@@ -55,7 +55,9 @@ def test_the_script_builds_the_sdist_and_a_wheel_per_architecture_from_it(releas
 @pytest.mark.parametrize("arch", ARCHES)
 def test_auditwheel_show_finds_manylinux_2_28_and_no_external_library(release: Release, arch: str) -> None:
     auditwheel = Path(sys.executable).parent / "auditwheel"
-    shown = subprocess.run([auditwheel, "show", release.wheels[arch]], capture_output=True, text=True)
+    shown = subprocess.run(
+        [auditwheel, "show", release.wheels[arch]], capture_output=True, text=True, timeout=120
+    )
     assert shown.returncode == 0, shown.stderr
     text = " ".join(shown.stdout.split())
     tag = re.search(rf'consistent with the following platform tag: "manylinux_2_(\d+)_{arch}"', text)
@@ -88,7 +90,7 @@ def test_x86_64_wheel_guards_vllm_in_a_compiler_less_python_312(
     release: Release, pods, tmp_path: Path
 ) -> None:
     venv = tmp_path / "py312"
-    subprocess.run([python_312(), "-m", "venv", venv], check=True, capture_output=True)
+    subprocess.run([python_312(), "-m", "venv", venv], check=True, capture_output=True, timeout=120)
     path = str(venv / "bin")
     assert not [c for c in COMPILERS if shutil.which(c, path=path)]
     install = subprocess.run(
@@ -104,6 +106,7 @@ def test_x86_64_wheel_guards_vllm_in_a_compiler_less_python_312(
         env={**os.environ, "PATH": path},
         capture_output=True,
         text=True,
+        timeout=600,
     )
     assert install.returncode == 0, install.stdout + install.stderr
     pod, old_vllm = pods("vcuda"), build_old_vllm(tmp_path)

@@ -207,6 +207,30 @@ def listdir(path: str) -> list[str]:
     return names
 
 
+def glob(pattern: str) -> list[str]:
+    """The paths matching `pattern` (fnmatch's wildcards in any component; as glob's, a name with a leading
+    dot only where the component starts with one), sorted; every directory looked in is listed by listdir
+    (noted). A directory that cannot be listed matches nothing."""
+    from fnmatch import fnmatchcase  # the doctor's: not on every vLLM process's import path
+
+    head, name = os.path.split(pattern)
+    magic = any(c in name for c in "*?[")
+    parents = glob(head) if head != pattern and any(c in head for c in "*?[") else [head]
+    found = []
+    for parent in parents:
+        if not magic:
+            if exists(os.path.join(parent, name)):
+                found.append(os.path.join(parent, name))
+            continue
+        try:
+            names = listdir(parent or os.curdir)
+        except OSError:
+            continue
+        hidden = name.startswith(".")
+        found += [os.path.join(parent, n) for n in names if fnmatchcase(n, name) and (hidden or n[0] != ".")]
+    return sorted(found)
+
+
 def realpath(path: str) -> str:
     """os.path.realpath, with every component it walks noted (as written and as resolved)."""
     real = os.path.realpath(path)

@@ -154,13 +154,14 @@ def _shaped(entry: Any) -> bool:
         redo, process = entry["redo"], entry["process"]
         return (
             isinstance(process["library"], str) and isinstance(process["env"], dict)
+            and isinstance(process["env_names"], list) and isinstance(process["env_prefixes"], list)
             and all(isinstance(n, str) for n in [*process["env_names"], *process["env_prefixes"]])
             and all(isinstance(f, list) and len(f) == 3 and isinstance(f[1], str) for f in entry["files"])
             and isinstance(entry["record"], dict) and isinstance(entry["record"].get("pid"), int)
             and entry["log_format"] in ("text", "json") and isinstance(entry["secret_min"], int)
             and all(isinstance(p, str) and isinstance(g, bool) for p, g, _ in redo["load"])
             and all(isinstance(k, str) and isinstance(v, str) for k, v in redo["env"].items())
-            and all(isinstance(m, str) for m in redo["block"])
+            and isinstance(redo["block"], list) and all(isinstance(m, str) for m in redo["block"])
             and all(isinstance(f, str) and isinstance(v, str) for f, v in redo["args"])
         )  # fmt: skip
     except (KeyError, TypeError, ValueError, AttributeError):

@@ -38,11 +38,11 @@ print("DOC " + json.dumps(document), flush=True)
 
 
 def start_together(
-    command: list[str], count: int, env: dict[str, str], scratch: Path
+    command: list[str], count: int, env: dict[str, str], scratch: Path, ready_within_s: float = 60
 ) -> list[tuple[int, str]]:
     """`count` processes of `command` + [go, ready, trigger] (ACTIVATE_AT_ONCE), released together once all
-    are ready (a process not ready in 60 s fails the test: released late, it would race nobody); (pid,
-    stdout) of each, its guard lines checked."""
+    are ready (a process not ready in `ready_within_s` fails the test: released late, it would race nobody);
+    (pid, stdout) of each, its guard lines checked."""
     scratch.mkdir()
     go = scratch / "go"
     children = []
@@ -53,7 +53,7 @@ def start_together(
             [*command, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
         children.append((ready, child))
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + ready_within_s
     while not all(ready.exists() for ready, _ in children) and time.monotonic() < deadline:
         time.sleep(0.005)
     late = [index for index, (ready, _) in enumerate(children) if not ready.exists()]
@@ -61,7 +61,8 @@ def start_together(
         for _, child in children:
             child.kill()
             child.communicate()
-        raise AssertionError(f"{len(late)} of {count} processes were not ready in 60 s: {late[:8]}")
+        late_s = f"{len(late)} of {count} processes were not ready in {ready_within_s} s"
+        raise AssertionError(f"{late_s}: {late[:8]}")
     go.touch()
     outputs = []
     for _, child in children:

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -114,6 +115,101 @@ def test_the_doctor_reads_any_last_json(written, tmp_path, data) -> None:
         assert str(directory / "last.json") in found["error"]
 
 
+# The verdict cache entry's shape, written here from what its readers use (verdict._matching, _issuable,
+# _replayable_here, redo: each field's type, each row's length), not from the package's own check of it
+# (verdict._shaped): a check that waved a damaged entry through would otherwise be its own oracle.
+ANY = object()
+
+
+class ListOf(NamedTuple):
+    item: Any
+
+
+class Row(NamedTuple):  # a list of exactly these
+    items: tuple[Any, ...]
+
+
+class MapOf(NamedTuple):
+    key: Any
+    value: Any
+
+
+class OneOf(NamedTuple):
+    values: tuple[Any, ...]
+
+
+ENTRY_SHAPE = {
+    "process": {"library": str, "env": dict, "env_names": ListOf(str), "env_prefixes": ListOf(str)},
+    "files": ListOf(Row((ANY, str, ANY))),  # (kind, path, observation)
+    "record": {"pid": int},
+    "log_format": OneOf(("text", "json")),
+    "secret_min": int,
+    "redo": {
+        "load": ListOf(Row((str, bool, ANY))),  # (path, global scope, the name it must answer)
+        "env": MapOf(str, str),
+        "block": ListOf(str),
+        "args": ListOf(Row((str, str))),
+    },
+}
+
+
+def fits(value: Any, shape: Any = ENTRY_SHAPE) -> bool:
+    """Whether `value` has `shape` (a dict: these keys at least, each of its shape)."""
+    if shape is ANY:
+        return True
+    if isinstance(shape, type):
+        return isinstance(value, shape)
+    if isinstance(shape, OneOf):
+        return any(value == v and type(value) is type(v) for v in shape.values)
+    if isinstance(shape, MapOf):
+        return isinstance(value, dict) and all(
+            fits(k, shape.key) and fits(v, shape.value) for k, v in value.items()
+        )
+    if isinstance(shape, (ListOf, Row)) and not isinstance(value, list):
+        return False
+    if isinstance(shape, ListOf):
+        return all(fits(item, shape.item) for item in value)
+    if isinstance(shape, Row):
+        return len(value) == len(shape.items) and all(map(fits, value, shape.items))
+    return isinstance(value, dict) and all(k in value and fits(value[k], s) for k, s in shape.items())
+
+
+def damaged(value: Any, depth: int) -> Iterator[Any]:
+    """`value` with one of its parts (down to `depth` levels) removed or retyped, each way in turn."""
+    yield None
+    yield 0 if isinstance(value, str) else "x"
+    if depth == 0 or not isinstance(value, (dict, list)):
+        return
+    if isinstance(value, dict):
+        for key in value:
+            yield {k: v for k, v in value.items() if k != key}
+            for part in damaged(value[key], depth - 1):
+                yield {**value, key: part}
+    else:
+        for index, item in enumerate(value):
+            yield [*value[:index], *value[index + 1 :]]
+            for part in damaged(item, depth - 1):
+                yield [*value[:index], part, *value[index + 1 :]]
+
+
+def test_the_verdict_cache_keeps_exactly_the_entries_of_its_shape(written, tmp_path) -> None:
+    """Every single damage to a real entry (a field removed or retyped, a row shortened), each field of its
+    replay plan filled: loaded when it still has the entry's shape (ENTRY_SHAPE), dropped when it has not.
+    Deterministic, where the fuzz below may miss a field."""
+    directory = private_dir(tmp_path, "sweep")
+    entry = written["verdicts"]["entries"][0]
+    redo = {**entry["redo"], "env": {"K": "v"}, "block": ["m"], "args": [["--flag", "v"]]}
+    entry = {**entry, "files": entry["files"][:3], "redo": redo}
+    assert fits(entry) and entry["redo"]["load"]
+    wrong = []
+    for candidate in [entry, *damaged(entry, 3)]:
+        document = {**written["verdicts"], "entries": [candidate]}
+        put(directory, verdict.CACHE_FILE, json.dumps(document).encode())
+        if bool(verdict.load_entries(str(directory))) != fits(candidate):
+            wrong.append(candidate)
+    assert wrong == [], f"{len(wrong)} entries loaded or dropped against their shape, e.g. {wrong[0]}"
+
+
 @FUZZ
 @given(data=st.data())
 def test_the_verdict_cache_reads_any_file(written, tmp_path, data) -> None:
@@ -125,6 +221,7 @@ def test_the_verdict_cache_reads_any_file(written, tmp_path, data) -> None:
     put(directory, verdict.CACHE_FILE, content)
     entries = verdict.load_entries(str(directory))
     assert isinstance(entries, list) and all(verdict._shaped(entry) for entry in entries)
+    assert all(fits(entry) for entry in entries)  # the shape as its readers use it, not _shaped's word
     verdict._matching(entries)  # compares without raising, whatever the shapes inside
 
 
@@ -159,7 +256,8 @@ def test_the_gpus_from_any_proc_files(tmp_path_factory, version, information, mi
 
 def test_a_proc_file_that_is_a_fifo_or_endless_is_refused(tmp_path) -> None:
     """The door's bound and type check on a system file: a FIFO is not opened for reading as a file, and a
-    file longer than the cap is refused, not read into memory."""
+    file longer than the cap is refused, not read into memory; the GPU probe given a FIFO for its file finds
+    no kernel module, at once."""
     fifo = tmp_path / "version"
     os.mkfifo(fifo)
     with pytest.raises(files.Refused, match="FIFO"):
@@ -169,6 +267,25 @@ def test_a_proc_file_that_is_a_fifo_or_endless_is_refused(tmp_path) -> None:
     with pytest.raises(files.Refused, match="more than the 1024"):
         files.read_bytes(str(big), 1024)
     assert gpu.probe_gpus(str(tmp_path)).gpus == ()
+    # The probe itself meets the FIFO where it reads the kernel module's version file, a writer holding it
+    # open (a blocking open or read would wait for ever): no kernel module, no GPU.
+    root = tmp_path / "pod"
+    proc = root / "proc/driver/nvidia"
+    (proc / "gpus/0000:01:00.0").mkdir(parents=True)
+    (proc / "gpus/0000:01:00.0/information").write_text("Model: NVIDIA H100 80GB HBM3\nDevice Minor: 0\n")
+    (root / "dev").mkdir()
+    (root / "dev/nvidia0").write_bytes(b"")
+    os.mkfifo(proc / "version")
+    writer = os.open(proc / "version", os.O_RDWR | os.O_NONBLOCK)
+    try:
+        facts = gpu.probe_gpus(str(root))
+    finally:
+        os.close(writer)
+    assert facts.gpus == () and facts.error.startswith("no NVIDIA kernel module"), facts
+    # The same pod with the file as the kernel module makes it: its GPU (the FIFO was where the probe reads).
+    (proc / "version").unlink()
+    (proc / "version").write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.95.05\n")
+    assert [g.name for g in gpu.probe_gpus(str(root)).gpus] == ["NVIDIA H100 80GB HBM3"]
 
 
 FLAG_WORDS = st.sampled_from(

@@ -161,7 +161,9 @@ def test_same_pid_in_two_pid_namespaces_keeps_every_record(pods, tmp_path: Path)
     and what is left there is a valid record, with no temporary file."""
     pod = pods("vcuda")
     namespace = ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", ACTIVATE_AT_ONCE]
-    assert subprocess.run([*namespace[:4], "true"], capture_output=True).returncode == 0, "unshare --pid"
+    assert subprocess.run([*namespace[:4], "true"], capture_output=True, timeout=120).returncode == 0, (
+        "unshare --pid"
+    )
     for round_ in range(5):
         records = tmp_path / f"records-{round_}"
         outputs = start_together(namespace, 16, guard_environ(pod, records), tmp_path / f"round-{round_}")

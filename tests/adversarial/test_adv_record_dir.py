@@ -34,6 +34,8 @@ from advkit_a import (
 )
 from podkit import Pod, guard_lines
 
+from vllm_tmaguard.codes import RECORD_DIR_REFUSED
+
 VICTIM_DATA = b"the victim's own file: nobody else may change it\n"
 
 
@@ -144,6 +146,8 @@ def test_doctor_as_the_victim_refuses_the_squatted_directory(squat: Squat, asked
     assert report["record"]["found"] is False and report["record"]["record"] is None, report["record"]
     refused = [f for f in report["findings"] if f["id"] == "record-dir-refused"]
     assert refused, report["findings"]
+    asked_dir = str(squat.squatted if asked == "default" else squat.records)
+    assert [f["subject"] for f in refused] == [asked_dir], refused  # by its fields, not its sentence
     squat.assert_refusal_said(json.dumps(refused))
     assert done.returncode == 1, done.stderr  # a finding, not healthy
 
@@ -173,7 +177,9 @@ GUARD = (
     "import json, os\n"
     "from vllm_tmaguard.guard import activate\n"
     "record = activate('adversarial')\n"
-    "print('RESULT ' + json.dumps({'pid': os.getpid(), 'record_file': record['record_file']}))\n"
+    "problems = [[p['code'], p.get('subject')] for p in record['problems']]\n"
+    "print('RESULT ' + json.dumps({'pid': os.getpid(), 'record_file': record['record_file'], "
+    "'problems': problems}))\n"
 )
 
 
@@ -188,6 +194,9 @@ def test_the_guard_as_the_victim_writes_nothing_into_the_squatted_directory(squa
     (line,) = guard_lines(done.stdout)
     assert "record: none written" in line, line
     assert f"{squat.records}" in line, line
+    result = json.loads(done.stdout.split("RESULT ", 1)[1])
+    assert result["record_file"] is None  # by the record's fields too, not the line's sentence alone
+    assert [RECORD_DIR_REFUSED, str(squat.records)] in result["problems"], result["problems"]
 
 
 def test_a_refused_record_dir_line_names_where_the_record_went(scene_parts) -> None:  # type: ignore[no-untyped-def]
@@ -208,6 +217,8 @@ def test_a_refused_record_dir_line_names_where_the_record_went(scene_parts) -> N
         (line,) = guard_lines(done.stdout)
         assert f"record: {written}" in line, line
         assert json.loads(written.read_text())["pid"] == pid
+        problems = json.loads(written.read_text())["problems"]
+        assert [(p["code"], p["subject"]) for p in problems] == [(RECORD_DIR_REFUSED, str(records))], problems
         assert os.listdir(records) == []
 
         doctor = run_as(victim, [*TMAGUARD, "doctor", "--json"], env, scene)

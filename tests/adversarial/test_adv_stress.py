@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from advkit_c import (
     ACTIVATE,
     ACTIVATE_AT_ONCE,
@@ -84,6 +85,16 @@ def test_64_processes_at_once_onto_64_records_keep_every_fresh_record(pods, tmp_
     assert set(kept) == {f"process-{pid}.json" for pid in documents}  # the 65 older ones gone
     for pid, document in documents.items():
         assert kept[f"process-{pid}.json"] == document
+
+
+def test_the_start_kit_releases_nobody_until_every_process_is_ready(tmp_path: Path) -> None:
+    """The kit the two tests above start their processes with: a process that never says it is ready fails
+    the test before any is released (released late, it would race nobody and the test would prove nothing)."""
+    # argv after the script: go, ready, trigger ("start-<index>"); the second process never gets ready.
+    script = 'case "$3" in *-1) exec sleep 5;; esac; touch "$2"; while [ ! -e "$1" ]; do sleep 0.01; done'
+    with pytest.raises(AssertionError, match=r"1 of 2 processes were not ready in 1 s: \[1\]"):
+        start_together(["sh", "-c", script, "sh"], 2, {"PATH": os.environ["PATH"]}, tmp_path / "start", 1)
+    assert not (tmp_path / "start" / "go").exists()  # nobody released
 
 
 def _kill_at_random(processes: list[subprocess.Popen[bytes]], rng: random.Random, within_s: float) -> int:

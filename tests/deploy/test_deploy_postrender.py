@@ -118,7 +118,10 @@ def test_vllms_chart_through_the_post_renderer(release, stock_python, tmp_path) 
 
     # The init container it added, run as the kubelet would, places the package from the wheel ConfigMap.
     printed = subprocess.run(
-        [TMAGUARD, "wheel-configmap", *map(str, release.wheels.values())], capture_output=True, text=True
+        [TMAGUARD, "wheel-configmap", *map(str, release.wheels.values())],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     volume = _configmap_volume(yaml.safe_load(printed.stdout), tmp_path / "configmap")
     package = tmp_path / "emptydir"
@@ -302,7 +305,10 @@ def test_production_stack_values_give_the_same_install(stock_python, release, tm
     assert vllm["envFrom"] == [{"configMapRef": {"name": toggles["metadata"]["name"]}}]
 
     printed = subprocess.run(
-        [TMAGUARD, "wheel-configmap", str(release.wheels["x86_64"])], capture_output=True, text=True
+        [TMAGUARD, "wheel-configmap", str(release.wheels["x86_64"])],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     volume = _configmap_volume(yaml.safe_load(printed.stdout), tmp_path / "configmap")
     package = tmp_path / "emptydir"

@@ -120,12 +120,12 @@ def pip_installed(tmp_path_factory, release) -> Path:
     """A Python with vLLM and this test environment's other packages, and the release wheel installed by pip
     (what deploy/Dockerfile does to the vLLM image): the Python to compare the zero-image install with."""
     root = tmp_path_factory.mktemp("pip-installed")
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True, timeout=120)
     python = root / "bin" / "python"
     site = Path(
         subprocess.run(
             [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-            capture_output=True, text=True, check=True,
+            capture_output=True, text=True, check=True, timeout=120,
         ).stdout.strip()
     )  # fmt: skip
     for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
@@ -134,7 +134,7 @@ def pip_installed(tmp_path_factory, release) -> Path:
     done = subprocess.run(
         [sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "--no-index", "-q",
          release.wheels["x86_64"]],
-        capture_output=True, text=True,
+        capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     return python
@@ -166,6 +166,7 @@ def test_the_init_container_places_the_package_as_tmaguard_inject_does(
         capture_output=True,
         text=True,
         cwd=tmp_path,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr
     theirs, ours = _tree(injected), _tree(placed)
@@ -238,16 +239,21 @@ def test_wheel_configmap_prints_the_configmap_the_post_renderer_mounts(release, 
     assert wheel.for_this_machine(str(layout), "aarch64").path.endswith("aarch64.whl")
 
 
-def test_wheel_configmap_into_the_overlay_pins_its_init_container(release, tmp_path) -> None:
+def test_wheel_configmap_into_the_overlay_pins_its_init_container(release, stock_python, tmp_path) -> None:
     """Issue 34: the overlay had no place for the pin that wheel-configmap prints. `tmaguard wheel-configmap
     WHEEL --into` the overlay writes the wheel and its pin there (wheel-pin.yaml); the overlay then renders
-    the init container `tmaguard manifests --wheel WHEEL` adds: pinned to that wheel."""
+    the init container `tmaguard manifests --wheel WHEEL` adds: pinned to that wheel. Run as the kubelet
+    runs it on the ConfigMap the overlay renders, it places the package; the same ConfigMap holding a forged
+    wheel instead, it refuses it by the pin."""
     k8s = tmp_path / "k8s"
     shutil.copytree(DEPLOY / "k8s", k8s, ignore=shutil.ignore_patterns("*.whl"))
     overlay = k8s / OVERLAY
     genuine = release.wheels["x86_64"]
     done = subprocess.run(
-        [TMAGUARD, "wheel-configmap", str(genuine), "--into", str(overlay)], capture_output=True, text=True
+        [TMAGUARD, "wheel-configmap", str(genuine), "--into", str(overlay)],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr
     digest = hashlib.sha256(genuine.read_bytes()).hexdigest()
@@ -257,6 +263,25 @@ def test_wheel_configmap_into_the_overlay_pins_its_init_container(release, tmp_p
     (init,) = find(objects, "Deployment", "vllm")["spec"]["template"]["spec"]["initContainers"]
     assert init == zero_image.init_container(vllm_container(objects), (digest,))
     assert init["env"] == [{"name": "TMAGUARD_WHEEL_SHA256", "value": digest}]
+
+    pod = find(objects, "Deployment", "vllm")["spec"]["template"]["spec"]
+    volume = next(v for v in pod["volumes"] if v["name"] == zero_image.WHEEL_VOLUME)
+    configmap = find(objects, "ConfigMap", volume["configMap"]["name"])
+    forged = _forged(genuine, tmp_path / "forged.whl", tmp_path / "forged-code-ran")
+    for case in ("genuine", "forged"):
+        wheels = _configmap_volume(configmap, tmp_path / case / "configmap")
+        if case == "forged":  # the ConfigMap edited after the pin was written
+            (wheels / zero_image.OVERLAY_WHEEL).resolve().write_bytes(forged.read_bytes())
+        package = tmp_path / case / "emptydir"
+        package.mkdir(mode=0o777)
+        ran = run_init_container(init, wheels, package, Path(stock_python).parent)
+        if case == "genuine":
+            assert ran.returncode == 0, ran.stderr
+            assert (package / "vllm_tmaguard/lib/libtmaguard_overlay.so").is_file()
+        else:
+            assert ran.returncode == 1, ran.stderr
+            assert "is not one that TMAGUARD_WHEEL_SHA256 pins" in ran.stderr, ran.stderr
+            assert list(package.iterdir()) == [] and not (tmp_path / "forged-code-ran").exists()
 
 
 def test_a_wheel_its_record_does_not_vouch_for_is_refused(release, tmp_path) -> None:

@@ -142,7 +142,11 @@ def test_guard_record_is_reported(pods, doctor, tmp_path: Path) -> None:
     pod = pods("vcuda")
     env = scrubbed_environ(PRINTING) | pod.env
     check = subprocess.run(
-        [sys.executable, "-m", "vllm_tmaguard", "check", "--json"], env=env, capture_output=True, text=True
+        [sys.executable, "-m", "vllm_tmaguard", "check", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     record = json.loads(check.stdout)
     (tmp_path / "records").mkdir(mode=0o700)

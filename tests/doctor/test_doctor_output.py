@@ -76,6 +76,7 @@ def test_readable_output_on_a_stream_that_is_not_utf8(pods, tmp_path: Path, enco
         env={**env, "PYTHONIOENCODING": encoding},
         capture_output=True,
         cwd=tmp_path,
+        timeout=300,
     )
     assert (done.returncode, done.stderr) == (1, b""), done.stderr.decode(errors="replace")
     lines = done.stdout.decode(encoding).splitlines()  # strict: every byte is the encoding's
@@ -116,14 +117,21 @@ def test_a_bad_toggle_is_a_finding_and_the_rest_is_still_examined(pods, doctor) 
 def test_console_script_and_help(pods) -> None:
     script = Path(sys.executable).parent / "tmaguard"
     env = scrubbed_environ(PRINTING) | pods("bare").env
-    done = subprocess.run([str(script), "doctor", "--help"], env=env, capture_output=True, text=True)
+    done = subprocess.run(
+        [str(script), "doctor", "--help"], env=env, capture_output=True, text=True, timeout=300
+    )
     usage = " ".join(done.stdout.split())
     assert (
         done.returncode == 0
         and "Exit status: 0 healthy, 1 problems found (a bad TMAGUARD_* value, a damaged record file too), "
-        "2 usage error, 3 the doctor itself failed (never a diagnosis)" in usage
+        "2 usage error, 3 the doctor itself failed (never a diagnosis)"
+        in usage
     )
-    done = subprocess.run([str(script), "doctor", "--json"], env=env, capture_output=True, text=True)
+    done = subprocess.run(
+        [str(script), "doctor", "--json"], env=env, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0 and json.loads(done.stdout)["schema"] == "tmaguard.doctor/2"
-    listed = subprocess.run([str(script), "--help"], env=env, capture_output=True, text=True).stdout
+    listed = subprocess.run(
+        [str(script), "--help"], env=env, capture_output=True, text=True, timeout=300
+    ).stdout
     assert "doctor" in listed and "check" in listed

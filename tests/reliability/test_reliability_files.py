@@ -97,7 +97,7 @@ def _vllm_copy(base: Path) -> Path:
     assert VLLM_DIR.is_dir(), "vLLM must be installed in the test environment"
     site = base / "site"
     site.mkdir(parents=True)
-    subprocess.run(["cp", "-rs", str(VLLM_DIR), str(site / "vllm")], check=True)
+    subprocess.run(["cp", "-rs", str(VLLM_DIR), str(site / "vllm")], check=True, timeout=120)
     return site
 
 

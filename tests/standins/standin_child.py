@@ -222,7 +222,9 @@ def run_child(
 def readelf_dynamic(path: Path) -> str:
     if shutil.which("readelf") is None:
         pytest.fail("needs readelf (binutils)")
-    return subprocess.run(["readelf", "-dW", str(path)], capture_output=True, text=True, check=True).stdout
+    return subprocess.run(
+        ["readelf", "-dW", str(path)], capture_output=True, text=True, check=True, timeout=120
+    ).stdout
 
 
 def soname(path: Path) -> str | None:
@@ -236,5 +238,7 @@ def dynsym(path: Path, *, undefined: bool = False) -> set[str]:
     if shutil.which("nm") is None:
         pytest.fail("needs nm (binutils)")
     flag = "--undefined-only" if undefined else "--defined-only"
-    text = subprocess.run(["nm", "-D", flag, str(path)], capture_output=True, text=True, check=True).stdout
+    text = subprocess.run(
+        ["nm", "-D", flag, str(path)], capture_output=True, text=True, check=True, timeout=120
+    ).stdout
     return {line.split()[-1].split("@")[0] for line in text.splitlines() if line.strip()}

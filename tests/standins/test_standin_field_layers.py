@@ -184,7 +184,7 @@ def test_kubeshare_hook_kills_every_process_on_this_glibc(field_pods: dict[str, 
     no longer exports: the process stops at start-up, status 127, before any of its code runs."""
     hook = field_pods["kubeshare"].root / podkit.KUBESHARE_HOOK.lstrip("/")
     env = {"LD_PRELOAD": str(hook), "PATH": os.environ["PATH"]}
-    done = subprocess.run(["/bin/true"], env=env, capture_output=True, text=True)
+    done = subprocess.run(["/bin/true"], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 127
     assert f"/bin/true: symbol lookup error: {hook}: undefined symbol: __libc_dlopen_mode" in done.stderr
 

@@ -10,7 +10,9 @@ from vllm_tmaguard.stages.elf import ElfError, read_elf
 
 
 def _nm_undefined(path: str) -> set[str]:
-    out = subprocess.run(["nm", "-D", "--undefined-only", path], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        ["nm", "-D", "--undefined-only", path], capture_output=True, text=True, check=True, timeout=120
+    )
     return {line.split()[-1].split("@")[0] for line in out.stdout.splitlines() if line.split()[0] == "U"}
 
 

@@ -243,7 +243,9 @@ def _valid_record() -> dict:
 
 
 def _readelf_needs(path: str) -> list[tuple[str, str]]:
-    out = subprocess.run(["readelf", "-V", "-W", path], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["readelf", "-V", "-W", path], capture_output=True, text=True, check=True, timeout=120
+    ).stdout
     found, file = [], None
     for line in out.split("Version needs section", 1)[-1].splitlines():
         if "File:" in line:

@@ -68,6 +68,16 @@ CASES = {
     "vgpu-manager overselling": (
         pod(preload=[VGPU], environ={"CUDA_MEM_RATIO": "1.5"}), [("vgpu-manager", None, (OVERSOLD,))],
     ),
+    "vgpu-manager overselling by its switch for a device": (
+        pod(preload=[VGPU], environ={"CUDA_MEM_OVERSOLD_0": "true"}), [("vgpu-manager", None, (OVERSOLD,))],
+    ),
+    "vgpu-manager overselling by its switch": (
+        pod(preload=[VGPU], environ={"CUDA_MEM_OVERSOLD": " 1 "}), [("vgpu-manager", None, (OVERSOLD,))],
+    ),
+    "vgpu-manager with its switch off and a ratio of 1": (
+        pod(preload=[VGPU], environ={"CUDA_MEM_OVERSOLD_0": "false", "CUDA_MEM_RATIO": "1"}),
+        [("vgpu-manager", None, ())],
+    ),
     "vgpu-manager's variables without its preload": (pod(environ={"CUDA_MEM_LIMIT_0": "8192m"}), []),
     "nvshare with its scheduler's socket": (
         pod(preload=[NVSHARE], kinds={NVSHARE_SOCKET: "a socket"}), [("nvshare", None, ())],

@@ -12,7 +12,9 @@ from vllm_tmaguard.stages.loader import read_ld_so_cache, resolve_library
 def test_ld_so_cache_matches_ldconfig() -> None:
     with open("/etc/ld.so.cache", "rb") as file:
         pairs = read_ld_so_cache(file.read(), os.uname().machine)
-    listed = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, check=True).stdout
+    listed = subprocess.run(
+        ["ldconfig", "-p"], capture_output=True, text=True, check=True, timeout=120
+    ).stdout
     expected = set()
     for line in listed.splitlines()[1:]:
         name, _, rest = line.strip().partition(" (")

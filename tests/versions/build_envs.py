@@ -21,7 +21,7 @@ WHEELS = WORK / "wheel"
 
 
 def run(*command: str | Path, env: dict[str, str] | None = None) -> None:
-    subprocess.run([str(c) for c in command], check=True, env=env)
+    subprocess.run([str(c) for c in command], check=True, env=env, timeout=3600)
 
 
 def uv_env() -> dict[str, str]:

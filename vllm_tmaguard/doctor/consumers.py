@@ -10,7 +10,6 @@ Two ways to ask, and they matter for what can fill a gap (docs/design.md §2.1, 
   RTLD_GLOBAL shim cannot reach it: only a libcuda.so.1 that carries the name itself can (the overlay)."""
 
 import errno
-import glob
 import os
 import re
 from typing import NamedTuple
@@ -66,7 +65,7 @@ def torch_consumers(path: list[str]) -> list[Consumer]:
     if torch_dir is None:
         return []
     found = []
-    for library in sorted(glob.glob(os.path.join(torch_dir, "lib", "*.so*"))):
+    for library in files.glob(os.path.join(torch_dir, "lib", "*.so*")):
         try:  # NEEDED only: cheap even for libtorch_cuda.so; symbols only for those linking the driver
             if DRIVER_LIBRARY not in read_elf(library, symbols=False).needed:
                 continue
@@ -110,7 +109,7 @@ def cudart_consumers(path: list[str]) -> list[Consumer]:
         patterns = (os.path.join(entry, "nvidia", "*", "lib", "libcudart*.so*"),)
         patterns += (os.path.join(entry, "torch", "lib", "libcudart*.so*"),)
         for pattern in patterns:
-            for library in sorted(glob.glob(pattern)):
+            for library in files.glob(pattern):
                 if _CUDART.match(os.path.basename(library)):
                     candidates.setdefault(os.path.realpath(library), library)
     found = []
@@ -160,7 +159,7 @@ def cuda_python_consumer(path: list[str]) -> Consumer | None:
     modules = [
         module
         for cuda_dir in find_package_dirs("cuda", path)  # a namespace package: bindings may be in any part
-        for module in sorted(glob.glob(os.path.join(cuda_dir, "bindings", "_internal", "driver*.so")))
+        for module in files.glob(os.path.join(cuda_dir, "bindings", "_internal", "driver*.so"))
     ]
     if not modules:
         return None
