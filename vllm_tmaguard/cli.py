@@ -103,9 +103,9 @@ def env(
     raise typer.Exit(code)
 
 
-@app.command(short_help="Place the package in DIR, or in a venv, for the stock vLLM image.")
+@app.command(short_help="Place the package in DIR, or in the venv that runs vLLM.")
 def inject(
-    target: str = typer.Argument("", metavar="[DIR]", help="a volume the vLLM container mounts"),
+    target: str = typer.Argument("", metavar="DIR", help="a volume the vLLM container mounts (or --venv)"),
     venv: str = typer.Option(
         "",
         "--venv",
