@@ -70,6 +70,8 @@ def test_a_venv_gets_the_pth_and_its_python_arms_the_guard_at_start(tmp_path: Pa
         "plugins": ["vllm_tmaguard.plugin:platform_plugin"],  # vLLM finds the plugin in the copied dist-info
     }
     assert (site / "vllm_tmaguard.pth").read_text().strip() == "import vllm_tmaguard._import_hook"
+    (dist_info,) = site.glob("vllm_tmaguard-*.dist-info")
+    assert not {"INSTALLER", "REQUESTED", "direct_url.json"} & set(os.listdir(dist_info))  # pip's own
     assert (venv / "bin/tmaguard").read_text().startswith(f"#!{venv}/bin/python\n")
     assert os.access(venv / "bin/tmaguard", os.X_OK)
     first = tree(venv)

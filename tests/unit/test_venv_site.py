@@ -134,6 +134,8 @@ def test_console_scripts_and_the_record() -> None:
         "Tm-X": ("a.b", "c"),
     }
     assert venv.console_scripts("[vllm.general_plugins]\nx = a:b\n") == {}
+    odd = "[console_scripts]\n../x = a:b\n.x = a:b\nx/y = a:b\nok = a:b()\nok2 = a b:c\nok3 = a:b;c\n"
+    assert venv.console_scripts(odd) == {}  # no file outside bin/, no code in the script's import line
     script = venv.script("/opt/vllm/bin/python", "vllm_tmaguard.__main__", "main").decode()
     assert script.startswith("#!/opt/vllm/bin/python\n")
     assert "from vllm_tmaguard.__main__ import main\n" in script

@@ -131,8 +131,9 @@ def _dist_info(entries: list[Entry]) -> str:
 def place_in_venv(entries: Iterable[Entry], venv_dir: str) -> Placed:
     """Writes the entries in the site-packages of the virtual environment `venv_dir` as pip would: the .pth
     (its python then arms the hook at start), the console scripts in its bin/ (run by its python), a RECORD
-    of every file written. Refused, nothing written, where it holds another install of this package (another
-    version, an editable one). Raises VenvError, InjectError or OSError (as place)."""
+    of every file written (not what an installer wrote about its own install, in an installed copy).
+    Refused, nothing written, where it holds another install of this package (another version, an editable
+    one). Raises VenvError, InjectError or OSError (as place)."""
     from . import venv
 
     found = venv.find(venv_dir)
@@ -154,7 +155,8 @@ def place_in_venv(entries: Iterable[Entry], venv_dir: str) -> Placed:
         for name, (module, function) in venv.console_scripts(entry_points.decode("utf-8", "replace")).items()
     ]
     record_path = f"{dist_info}/RECORD"
-    entries = [e for e in entries if e[0] != record_path]
+    left_out = {record_path, *(f"{dist_info}/{name}" for name in venv.INSTALLER_FILES)}
+    entries = [e for e in entries if e[0] not in left_out]
     up = "../../../bin/"  # site-packages is lib/pythonX.Y/site-packages
     written = [(r, d) for r, d, _ in entries] + [(up + name, d) for name, d, _ in scripts]
     entries.append((record_path, venv.record(written, record_path), 0o644))

@@ -25,6 +25,10 @@ CONFIG = "pyvenv.cfg"
 _CONFIG_LIMIT = 64 << 10
 _LIB_ENTRY = re.compile(r"^(?:python|pypy)(\d+)\.(\d+)t?$")
 _VERSION = re.compile(r"^\s*(\d+)\.(\d+)")
+_SCRIPT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # a file in bin/, nothing else
+_DOTTED = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*$")  # what the script's import line may name
+# What pip writes in a dist-info about its own install, not the package's (an installed copy has them).
+INSTALLER_FILES = ("INSTALLER", "REQUESTED", "direct_url.json")
 EXPECTED = f"a {CONFIG} with a `home = ...` line, bin/python and lib/pythonX.Y/site-packages beside it"
 DIST_INFO_PREFIX = "vllm_tmaguard-"
 
@@ -120,7 +124,8 @@ def others_installed(names: Iterable[str], dist_info: str) -> list[str]:
 
 
 def console_scripts(entry_points: str) -> dict[str, tuple[str, str]]:
-    """{name: (module, function)} of the [console_scripts] section of a dist-info's entry_points.txt."""
+    """{name: (module, function)} of the [console_scripts] section of a dist-info's entry_points.txt; an
+    entry whose name is no plain file name, or whose target is no dotted name, is left out."""
     parser = configparser.ConfigParser(interpolation=None, delimiters=("=",))
     parser.optionxform = str  # type: ignore[assignment,method-assign]
     try:
@@ -129,9 +134,10 @@ def console_scripts(entry_points: str) -> dict[str, tuple[str, str]]:
         return {}
     scripts = {}
     for name, value in parser["console_scripts"].items() if parser.has_section("console_scripts") else ():
-        module, _, function = value.partition(":")
-        if module.strip() and function.strip():
-            scripts[name] = (module.strip(), function.strip().split()[0])
+        module, _, function = (part.strip() for part in value.partition(":"))
+        function = function.split("[")[0].strip()  # extras, as in `a.b:c [extra]`
+        if _SCRIPT_NAME.match(name) and _DOTTED.match(module) and _DOTTED.match(function):
+            scripts[name] = (module, function)
     return scripts
 
 
