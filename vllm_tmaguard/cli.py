@@ -103,9 +103,15 @@ def env(
     raise typer.Exit(code)
 
 
-@app.command(short_help="Place the package in DIR for the stock vLLM image.")
+@app.command(short_help="Place the package in DIR, or in the venv that runs vLLM.")
 def inject(
-    target: str = typer.Argument(..., metavar="DIR", help="a volume the vLLM container mounts"),
+    target: str = typer.Argument("", metavar="DIR", help="a volume the vLLM container mounts (or --venv)"),
+    venv: str = typer.Option(
+        "",
+        "--venv",
+        metavar="VENV",
+        help="into this virtual environment's site-packages instead, as pip would (e.g. llm-d's /opt/vllm)",
+    ),
     wheel: str = typer.Option(
         "",
         "--wheel",
@@ -115,24 +121,41 @@ def inject(
 ) -> None:
     """Copy this package into DIR with a sitecustomize.py that arms the guard at interpreter start: the
     stock vLLM image then runs the guard with DIR on PYTHONPATH, as a pip install would (an init container's
-    command; docs/operator.md). With --wheel, the files come from the wheel's bytes (its RECORD checked), as
-    the zero-image init container does from the wheel ConfigMap; where TMAGUARD_WHEEL_SHA256 is set, only a
-    wheel whose sha256 it lists is placed."""
+    command; docs/operator.md). With --venv VENV, into the site-packages of the virtual environment that
+    runs vLLM (found from its pyvenv.cfg and lib/pythonX.Y/site-packages), as pip would: the .pth that arms
+    the guard in its python, the `tmaguard` command in its bin/, a RECORD. With --wheel, the files come from
+    the wheel's bytes (its RECORD checked), as the zero-image init container does from the wheel ConfigMap;
+    where TMAGUARD_WHEEL_SHA256 is set, only a wheel whose sha256 it lists is placed."""
     from .install.inject import InjectError, inject_wheel
     from .install.inject import inject as place
+    from .install.venv import VenvError
     from .install.wheel import PIN_VARIABLE, WheelError
     from .stages.toggles import ToggleError, parse_toggles
 
+    if bool(target) == bool(venv):
+        _echo("tmaguard inject: name one place: DIR (for PYTHONPATH) or --venv VENV", err=True)
+        raise typer.Exit(EXIT_USAGE)
+    where = venv or target
     try:  # a bad pin refuses: falling back to none would place a wheel the operator meant to refuse
         pins = parse_toggles({PIN_VARIABLE: os.environ.get(PIN_VARIABLE, "")}).wheel_pins
-        placed, source = inject_wheel(wheel, target, pins) if wheel else (place(target), "")
-    except (InjectError, WheelError, ToggleError, OSError) as error:
+        placed, source = (
+            inject_wheel(wheel, where, pins, bool(venv)) if wheel else (place(where, bool(venv)), "")
+        )
+    except (InjectError, VenvError, WheelError, ToggleError, OSError) as error:
         why = str(error).removeprefix("refused: ")  # trust.UntrustedPath's own words say it
-        _echo(f"tmaguard inject: {target}: refused: {why}", err=True)
+        _echo(f"tmaguard inject: {where}: refused: {why}", err=True)
         raise typer.Exit(EXIT_FINDINGS) from error
     if placed.tightened:
         _echo(f"tmaguard inject: {placed.tightened}")
     origin = f" from {source}" if source else ""
+    if venv:
+        scripts = [f for f in placed.files if f.startswith("../")]
+        in_bin = f" and {', '.join(os.path.basename(s) for s in scripts)} in {venv}/bin" if scripts else ""
+        _echo(
+            f"placed {len(placed.files) - len(scripts)} files in {placed.target}{in_bin}{origin}; "
+            f"{venv}/bin/python arms the guard at start (vllm_tmaguard.pth)"
+        )
+        return
     _echo(
         f"placed {len(placed.files)} files in {target}{origin}; in the vLLM container set PYTHONPATH={target}"
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
+import sys
 from importlib import metadata
 from pathlib import Path
 
@@ -138,3 +139,33 @@ def test_inject_into_a_world_writable_volume_of_its_own_tightens_it(tmp_path: Pa
         for name in [*dirs, *names]:
             info = os.lstat(os.path.join(directory, name))
             assert not stat.S_ISLNK(info.st_mode) and info.st_uid == 0 and info.st_mode & 0o022 == 0, name
+
+
+def test_inject_into_a_venv_replaces_links_and_refuses_another_uids_site_packages(tmp_path: Path) -> None:
+    """`inject --venv` (root, an image build) goes through the same door: links planted where it writes (the
+    .pth in site-packages, the console script in bin/) are replaced, never written through; a site-packages
+    another uid owns is refused by name with nothing written there or in bin/."""
+    venv = tmp_path / "vllm"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    (site,) = venv.glob("lib/python3.*/site-packages")
+    victims = [_victim(tmp_path / "victim-pth"), _victim(tmp_path / "victim-script")]
+    (site / "vllm_tmaguard.pth").symlink_to(victims[0])
+    (venv / "bin/tmaguard").symlink_to(victims[1])
+    done = subprocess.run([*TMAGUARD, "inject", "--venv", str(venv)], env=scrubbed_environ(), cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert [v.read_bytes() for v in victims] == [VICTIM_DATA] * 2, "inject wrote through a link"
+    assert done.returncode == 0, done.stderr
+    for placed in (site / "vllm_tmaguard.pth", venv / "bin/tmaguard"):
+        assert not placed.is_symlink() and placed.is_file(), placed
+
+    other = tmp_path / "other"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(other)], check=True)
+    (theirs,) = other.glob("lib/python3.*/site-packages")
+    with fresh_uids(1) as (attacker,):
+        own(theirs, attacker, 0o755)
+        bin_before = sorted(os.listdir(other / "bin"))
+        done = subprocess.run([*TMAGUARD, "inject", "--venv", str(other)], env=scrubbed_environ(),
+                              cwd=tmp_path, capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert f"refused: {theirs}" in done.stderr and f"uid {attacker}" in done.stderr, done.stderr
+        assert os.listdir(theirs) == [] and sorted(os.listdir(other / "bin")) == bin_before

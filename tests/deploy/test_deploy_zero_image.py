@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import os
 import shutil
 import stat
@@ -21,9 +22,10 @@ import pytest
 import yaml
 from deploykit import DEPLOY, find, render, vllm_container
 from test_guard_vllm import RESOLVE_PLATFORM
+from test_inject_venv import PROBE
 from test_no_rebuild import _decisions
 
-from vllm_tmaguard.install.manifests import zero_image
+from vllm_tmaguard.install.manifests import postrender, stream, zero_image
 
 OVERLAY = "overlays/vcuda-stock-image"
 # What pip writes into a dist-info that a wheel does not hold (and its RECORD, which pip rewrites).
@@ -386,3 +388,67 @@ def test_a_pin_that_is_no_digest_is_refused_by_name(release, tmp_path) -> None:
     assert done.returncode == 1, done.stderr
     assert "TMAGUARD_WHEEL_SHA256='sha256:abc' is not valid; allowed: sha256 digests" in done.stderr
     assert not (tmp_path / "placed").exists()
+
+
+def _in_opt(mounts: dict[str, tuple[Path, bool]], command: list[str], env: dict[str, str]) -> str:
+    """`command` as a container of the pod would run it: a private mount namespace, no network, /opt a fresh
+    tmpfs holding `mounts` ({path under /opt: (what is bound there, read-only)}), the image's venv among them.
+    Its stdout; fails with its stderr."""
+    script, places = "set -e; mount --make-rprivate /; mount -t tmpfs tmpfs /opt; ", []
+    for target, (source, read_only) in mounts.items():
+        script += 'mkdir -p "$2"; mount --bind "$1" "$2"; '
+        script += 'mount -o remount,bind,ro "$2"; shift 2; ' if read_only else "shift 2; "
+        places += [str(source), target]
+    done = subprocess.run(
+        ["unshare", "-m", "-n", "sh", "-c", script + 'exec "$@"', "sh", *places, *command],
+        env=env, capture_output=True, text=True, timeout=120, cwd="/",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_llm_d_venv_runs_the_init_container_and_reads_the_package(release, stock_python, tmp_path) -> None:
+    """llm-d's shape (vLLM in the image's venv at /opt/vllm, which the container's command activates) through
+    `tmaguard manifests --wheel`: the init container gets the venv's python, the guarded line says so, a
+    second run changes nothing. Run verbatim with a real `python -m venv` bound at /opt/vllm (the stock image
+    of these tests), the init container places the package from the ConfigMap's bytes; then the vLLM
+    container's own command, up to `exec vllm serve` (a probe runs instead), activates the venv, whose python
+    arms the guard at start from the sitecustomize.py on PYTHONPATH: the placement a pod's venv needs (an init
+    container cannot write into the image's venv)."""
+    wheel = release.wheels["x86_64"]
+    wheels = {wheel.name: wheel.read_bytes()}
+    text = (Path(__file__).resolve().parent / "shapes/lws-llm-d.yaml").read_text()
+    result = postrender.postrender(text, (), wheels)
+    assert not result.refused and postrender.postrender(result.text, (), wheels).text == result.text
+    assert result.guarded == [
+        "LeaderWorkerSet/wide-ep-decode spec.leaderWorkerTemplate.workerTemplate.spec: vllm-worker "
+        "(tmaguard-inject runs `/opt/vllm/bin/python3`, the venv /opt/vllm its command activates)"
+    ]
+    lws, configmap = (d.value for d in stream.split(result.text))
+    pod = lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]
+    init, vllm = pod["initContainers"][0], pod["containers"][0]
+    assert init["command"][0] == "/opt/vllm/bin/python3"
+
+    venv = Path(stock_python).parent.parent
+    package = tmp_path / "emptydir"
+    package.mkdir()
+    package.chmod(0o777)  # as kubelet makes an emptyDir
+    base = {"PATH": "/usr/bin:/bin", "HOME": "/root", "LANG": "C.UTF-8"}
+    volumes = {zero_image.WHEEL_DIR: (_configmap_volume(configmap, tmp_path / "configmap"), True)}
+    placed = _in_opt(
+        {"/opt/vllm": (venv, True), **volumes, zero_image.PACKAGE_DIR: (package, False)},
+        [*init["command"], *init["args"]],
+        base | {e["name"]: e["value"] for e in init["env"]},  # the wheel's pin among them
+    )
+    assert f"from {zero_image.WHEEL_DIR}/{wheel.name}" in placed, placed
+
+    script = vllm["args"][0].split("exec vllm serve")[0] + 'exec python3 -c "$PROBE"'
+    assert script.startswith("source /opt/vllm/bin/activate\n")
+    env = base | {e["name"]: e["value"] for e in vllm["env"]} | {"PROBE": PROBE}
+    assert env["PYTHONPATH"] == zero_image.PACKAGE_DIR
+    found = json.loads(_in_opt({"/opt/vllm": (venv, True), zero_image.PACKAGE_DIR: (package, True)},
+                               [*vllm["command"], script], env))  # fmt: skip
+    assert found["venv"] and found["armed"] == ["vllm_tmaguard._import_hook"], found
+    assert found["hook"] == f"{zero_image.PACKAGE_DIR}/vllm_tmaguard/_import_hook.py"
+    assert found["sitecustomize"] == f"{zero_image.PACKAGE_DIR}/sitecustomize.py"
+    assert "vllm_tmaguard.plugin:platform_plugin" in found["plugins"]

@@ -3,9 +3,9 @@ install: the stock vLLM image's Python, the wheel from a ConfigMap, no pip, no i
 
 A wheel is a zip whose RECORD lists every member with its sha256; a member the RECORD does not vouch for,
 or one whose bytes differ, refuses the whole wheel. The files are the ones pip would install in
-site-packages (`*.data/purelib` and `*.data/platlib` at the top; scripts, headers and data left out), less
-what `tmaguard inject` leaves out of an installed copy (the .pth, the console script). The WHEEL file's tag
-says which machine its built libraries are for.
+site-packages (`*.data/purelib` and `*.data/platlib` at the top; scripts, headers and data left out), the
+.pth included (inject.py leaves it out of a directory on PYTHONPATH). The WHEEL file's tag says which machine
+its built libraries are for.
 
 RECORD catches a damaged wheel, not a forged one (whose RECORD is forged with it). What catches that is a
 pin kept where the wheel's ConfigMap cannot change it: TMAGUARD_WHEEL_SHA256, the sha256 of each wheel
@@ -80,12 +80,12 @@ def _record(archive: zipfile.ZipFile, dist_info: str) -> dict[str, str]:
 
 
 def _destination(name: str) -> str | None:
-    """Where a member goes, relative to site-packages; None for what inject leaves out."""
+    """Where a member goes, relative to site-packages; None for what pip does not put there."""
     top, _, rest = name.partition("/")
     if top.endswith(".data"):
         kind, _, inner = rest.partition("/")
         return inner if kind in _INSTALLED_DATA and inner else None
-    if (not rest and name.endswith(".pth")) or "__pycache__" in name.split("/"):
+    if "__pycache__" in name.split("/"):
         return None
     return name
 

@@ -102,7 +102,10 @@ def _guard_object(obj: dict[str, Any], run: _Run) -> bool:
             continue
         init = pod.role != workloads.NO_INIT
         changed |= zero_image.ensure_pod(pod.spec, vllm[0], run.wheel_configmap, run.pins, run.python, init)
-        note = "" if init else " (no init containers here: the InferenceServices that use it carry it)"
+        note = (
+            f" ({zero_image.init_python(pod.spec, vllm[0], run.python)})" if init
+            else " (no init containers here: the InferenceServices that use it carry it)"
+        )  # fmt: skip
         result.guarded.append(f"{pod.where}: {', '.join(containers.runs_vllm)}{note}")
         if not init:
             name = str((obj.get("metadata") or {}).get("name", ""))
@@ -127,7 +130,8 @@ def _guard_uses(obj: dict[str, Any], run: _Run) -> bool:
             where = "spec.predictor" + (".workerSpec" if place == "workerSpec" else "")
             run.result.guarded.append(
                 f"{workloads.describe(obj)} {where}: the init container for runtime "
-                f"{workloads.runtime_name(obj)}'s {vllm.get('name')}"
+                f"{workloads.runtime_name(obj)}'s {vllm.get('name')} "
+                f"({zero_image.init_python(pod_spec, vllm, run.python)})"
             )
     return changed
 

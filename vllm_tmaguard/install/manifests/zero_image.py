@@ -59,19 +59,39 @@ _VENV_PROGRAM = re.compile(r"^(/[^\s;&|()'\"]+)/bin/(vllm|python3?(\.\d+)?)$")
 _TOKENS = re.compile(r"[\s;&|()'\"]+")
 
 
-def interpreter(vllm: dict[str, Any]) -> str:
-    """The Python that runs vLLM in the container `vllm`, as its command names it: VENV/bin/python3 where the
-    command activates a virtual environment (llm-d: `source /opt/vllm/bin/activate; exec vllm serve ...`) or
-    runs `VENV/bin/vllm`; an absolute python it runs; else the image's `python3`. The package placed on
-    PYTHONPATH serves any Python 3; the init container needs one that runs the bootstrap and has typer."""
+def interpreter_found(vllm: dict[str, Any]) -> tuple[str, str]:
+    """The Python that runs vLLM in the container `vllm`, as its command names it, and how it was told:
+    VENV/bin/python3 where the command activates a virtual environment (llm-d: `source /opt/vllm/bin/activate;
+    exec vllm serve ...`) or runs `VENV/bin/vllm`; an absolute python it runs; else the image's `python3`.
+    The package placed on PYTHONPATH serves any Python 3 (a venv's python reads sitecustomize.py from
+    PYTHONPATH too); the init container needs one that runs the bootstrap and has typer."""
     words = [str(w) for w in (vllm.get("command") or []) + (vllm.get("args") or [])]
     for word in words:
         if found := _ACTIVATES.search(word):
-            return f"{found.group(1)}/bin/python3"
+            return f"{found.group(1)}/bin/python3", f"the venv {found.group(1)} its command activates"
     for token in (t for word in words for t in _TOKENS.split(word)):
         if found := _VENV_PROGRAM.match(token):
-            return token if found.group(2) != "vllm" else f"{found.group(1)}/bin/python3"
-    return PYTHON
+            if found.group(2) != "vllm":
+                return token, "the python its command runs"
+            return f"{found.group(1)}/bin/python3", f"the venv {found.group(1)} whose vllm its command runs"
+    return PYTHON, "the image's, on its PATH"
+
+
+def interpreter(vllm: dict[str, Any]) -> str:
+    """The Python that runs vLLM in the container `vllm` (interpreter_found)."""
+    return interpreter_found(vllm)[0]
+
+
+def init_python(pod_spec: dict[str, Any], vllm: dict[str, Any], python: str | None) -> str:
+    """What the pod's init container runs, in words, for the guarded line: `python` named by --python, the
+    one the vLLM container's command names, or the one an earlier run (or a hand) put there."""
+    ours = next((c for c in pod_spec.get("initContainers") or [] if c.get("name") == INIT_CONTAINER), {})
+    command = ours.get("command")
+    running = str(command[0]) if isinstance(command, list) and command else python or interpreter(vllm)
+    found, how = interpreter_found(vllm)
+    why = how if running == found else "as its init container already had it"
+    why = "named by --python" if python else why
+    return f"tmaguard-inject runs `{running}`, {why}"
 
 
 def init_container(
