@@ -27,7 +27,7 @@ print(json.dumps({
 
 
 def make_venv(root: Path) -> Path:
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True, timeout=120)
     return root
 
 
@@ -39,13 +39,16 @@ def site_packages(venv: Path) -> Path:
 def tmaguard(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
     """The command, run by this test environment's Python (which has the package), not from the source."""
     return subprocess.run(
-        [sys.executable, "-m", "vllm_tmaguard", *map(str, args)], capture_output=True, text=True, cwd=cwd
+        [sys.executable, "-m", "vllm_tmaguard", *map(str, args)], capture_output=True, text=True, cwd=cwd,
+        timeout=300,
     )
 
 
 def probe(python: Path, env: dict[str, str] | None = None) -> dict:
     clean = {"PATH": "/usr/bin:/bin", "HOME": str(python.parent), **(env or {})}  # no PYTHONPATH of ours
-    done = subprocess.run([python, "-c", PROBE], capture_output=True, text=True, env=clean, check=True)
+    done = subprocess.run(
+        [python, "-c", PROBE], capture_output=True, text=True, env=clean, check=True, timeout=300
+    )
     return json.loads(done.stdout)
 
 
@@ -89,7 +92,7 @@ def test_from_a_wheel_it_places_what_pip_places(tmp_path: Path, release) -> None
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--python"]
     installed = subprocess.run(
         [*pip, by_pip / "bin/python", "install", "--no-deps", "--no-index", "--no-compile", "-q", wheel],
-        capture_output=True, text=True,
+        capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert installed.returncode == 0, installed.stderr
     done = tmaguard("inject", "--wheel", wheel, "--venv", by_us, cwd=tmp_path)
@@ -112,7 +115,8 @@ def test_from_a_wheel_it_places_what_pip_places(tmp_path: Path, release) -> None
     assert len(ours[1]) == len(ours[0])  # a RECORD row for each file, RECORD itself in the script's place
     assert probe(by_us / "bin/python")["armed"] == ["vllm_tmaguard._import_hook"]
     removed = subprocess.run(
-        [*pip, by_us / "bin/python", "uninstall", "-y", "vllm-tmaguard"], capture_output=True, text=True
+        [*pip, by_us / "bin/python", "uninstall", "-y", "vllm-tmaguard"], capture_output=True, text=True,
+        timeout=600,
     )
     assert removed.returncode == 0, removed.stderr
     assert not [k for k in tree(by_us) if "tmaguard" in k]  # its RECORD named every file placed

@@ -146,7 +146,7 @@ def test_inject_into_a_venv_replaces_links_and_refuses_another_uids_site_package
     .pth in site-packages, the console script in bin/) are replaced, never written through; a site-packages
     another uid owns is refused by name with nothing written there or in bin/."""
     venv = tmp_path / "vllm"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300)
     (site,) = venv.glob("lib/python3.*/site-packages")
     victims = [_victim(tmp_path / "victim-pth"), _victim(tmp_path / "victim-script")]
     (site / "vllm_tmaguard.pth").symlink_to(victims[0])
@@ -159,7 +159,7 @@ def test_inject_into_a_venv_replaces_links_and_refuses_another_uids_site_package
         assert not placed.is_symlink() and placed.is_file(), placed
 
     other = tmp_path / "other"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(other)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(other)], check=True, timeout=300)
     (theirs,) = other.glob("lib/python3.*/site-packages")
     with fresh_uids(1) as (attacker,):
         own(theirs, attacker, 0o755)
