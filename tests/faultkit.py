@@ -29,6 +29,8 @@ from pathlib import Path
 import pytest
 from podkit import Pod, guard_lines, scrubbed_environ
 
+from vllm_tmaguard.stages import ray_env
+
 # vLLM's start-up path: `import vllm`, then resolving the platform (which imports the CUDA extension).
 RESOLVE = """
 import json
@@ -43,6 +45,9 @@ except Exception as error:
 print("RESULT " + json.dumps(out), flush=True)
 """
 UNDEFINED = "_C_stable_libtorch.abi3.so: undefined symbol: cuTensorMapEncodeTiled"
+# The guard's activation as vLLM's import hook runs it (_import_hook.py), without the rest of vLLM's start-up:
+# for a run whose part is the guard's decision alone (a vLLM start costs seconds of CPU).
+GUARD_ONLY = "from vllm_tmaguard.guard import activate\nactivate('import-hook')\n"
 VLLM_DIR = Path(__import__("vllm_tmaguard.process").process.find_package_dir() or "")
 GUARD_DIR = Path(__import__("vllm_tmaguard").__file__).parent
 
@@ -125,12 +130,18 @@ def run_modes(
     code: str = RESOLVE,
     prefix: tuple[str, ...] = (),
     timeout: float = 240,
+    strict_alone: bool = False,
 ) -> dict[str, Result]:
-    """The same process with the guard off, on and strict, run at the same time."""
+    """The same process with the guard off, on and strict, run at the same time. `strict_alone`: the strict
+    run is the guard alone (GUARD_ONLY), where the fault leaves strict mode nothing to stop on
+    (assert_strict_goes_on says why that is enough)."""
     children = {
-        mode: Child(pod, code, workdir / mode, {**(env or {}), **extra}, prefix)
+        mode: Child(
+            pod, GUARD_ONLY if strict_alone and mode == "strict" else code, workdir / mode,
+            {**(env or {}), **extra}, prefix,
+        )
         for mode, extra in MODES.items()
-    }
+    }  # fmt: skip
     return collect_all(children, timeout)
 
 
@@ -155,6 +166,39 @@ def assert_as_without(runs: dict[str, Result], *causes: str) -> str:
     for cause in causes:
         assert any(cause in text for text in named), f"{cause!r} in neither the line nor its record: {line}"
     return line
+
+
+# What a record holds that differs between two processes of one decision.
+_PER_PROCESS = ("pid", "time", "timings_ms", "elapsed_ms", "record_file")
+
+
+def _decided(record: dict) -> dict:
+    """`record` without what differs per process, and without what strict mode itself adds: its toggle
+    carried to Ray's workers (stages/ray_env.py: two variables only Ray reads, never vLLM's own start)."""
+    decided = {k: v for k, v in record.items() if k not in _PER_PROCESS}
+    decided["actions"] = [
+        (a["kind"], a["target"], a["applied"])
+        for a in record["actions"]
+        if a["target"] not in ray_env.ENV_NAMES
+    ]
+    routing = record["routing"]
+    decided["routing"] = {
+        **routing,
+        "env": {k: v for k, v in routing["env"].items() if k not in ray_env.ENV_NAMES},
+    }
+    return decided
+
+
+def assert_strict_goes_on(strict: Result, guard: Result) -> None:
+    """Strict mode acts only by stopping on a problem of the issued record (stop.stop_for), besides
+    carrying its toggle to Ray's workers: where the guard's run has no problem, the strict run (the guard
+    alone) goes on with the same decisions, so its vLLM start is the guard run's. One vLLM start in strict
+    mode with nothing to stop on shows that too: test_odd_library_path_entries's first case."""
+    assert strict.returncode == 0 and "stopped start-up" not in strict.stderr, (strict.stdout, strict.stderr)
+    strict.line()
+    ours, theirs = strict.last_record(), guard.last_record()
+    assert ours["problems"] == theirs["problems"] == []
+    assert _decided(ours) == _decided(theirs)
 
 
 def assert_strict_stops(run: Result, *causes: str) -> None:

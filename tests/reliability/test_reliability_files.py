@@ -15,12 +15,14 @@ from pathlib import Path
 import pytest
 from faultkit import (
     GUARD_DIR,
+    GUARD_ONLY,
     MODES,
     RESOLVE,
     UNDEFINED,
     VLLM_DIR,
     Child,
     assert_as_without,
+    assert_strict_goes_on,
     assert_strict_stops,
     collect_all,
     no_proc,
@@ -191,9 +193,12 @@ def test_record_write_failure_after_the_check_is_harmless(pods, tmp_path: Path) 
     records = tmp_path / "records"
     records.mkdir(mode=0o700)
     (records / "last.json").mkdir()
-    runs = run_modes(
-        pods("vcuda", nvml_is_layer=False), tmp_path / "runs", {"TMAGUARD_RECORD_DIR": str(records)}
-    )
+    pod, env = pods("vcuda", nvml_is_layer=False), {"TMAGUARD_RECORD_DIR": str(records)}
+    # Not a fault vLLM meets without the guard (it writes no record): no run with the guard off.
+    children = {
+        mode: Child(pod, RESOLVE, tmp_path / mode, {**env, **MODES[mode]}) for mode in ("guard", "strict")
+    }
+    runs = collect_all(children, 240)
     assert runs["guard"].outcome == {"platform": "NvmlCudaPlatform"}
     line = runs["guard"].line()
     assert f"PROBLEM: could not write the record to {records}" in line
@@ -209,23 +214,33 @@ def test_no_proc(pods, tmp_path: Path) -> None:
     strict mode has no cause to stop on in the first case, and the same cause as with /proc in the second."""
     prefix = no_proc()
     pod = pods("vcuda", nvml_is_layer=False)
-    preload = "import ctypes\nctypes.CDLL('libcuda.so.1')\n" + RESOLVE
+    preload = "import ctypes\nctypes.CDLL('libcuda.so.1')\n"
     runs = {
         name: Child(pod, code, tmp_path / name, env, prefix if "noproc" in name else ())
         for name, code, env in (
             ("noproc", RESOLVE, {}),
             ("noproc-off", RESOLVE, {"TMAGUARD_MODE": "off"}),
-            ("noproc-preload", preload, {}),
-            ("proc-preload", preload, {}),
-            ("noproc-preload-strict", preload, {"TMAGUARD_STRICT": "1"}),
+            ("noproc-preload", preload + RESOLVE, {}),
+            # With /proc, the guard alone: the same decisions make the same process for vLLM.
+            ("proc-preload", preload + GUARD_ONLY, {}),
+            ("noproc-preload-strict", preload + RESOLVE, {"TMAGUARD_STRICT": "1"}),
         )
     }
     done = collect_all(runs, 240)
     assert done["noproc-off"].outcome["error"].endswith(UNDEFINED)
     assert done["noproc"].outcome == {"platform": "NvmlCudaPlatform"}
     assert "INFO" in done["noproc"].line() and "overlay loaded" in done["noproc"].line()
-    assert done["noproc-preload"].outcome == done["proc-preload"].outcome == {"platform": "NvmlCudaPlatform"}
-    assert done["noproc-preload"].last_record()["supplied"] == done["proc-preload"].last_record()["supplied"]
+    assert done["noproc-preload"].outcome == {"platform": "NvmlCudaPlatform"}
+    without, with_proc = done["noproc-preload"].last_record(), done["proc-preload"].last_record()
+    assert without["supplied"] == with_proc["supplied"]
+    assert [(a["kind"], a["target"]) for a in without["actions"]] == [
+        (a["kind"], a["target"]) for a in with_proc["actions"]
+    ]
+    said = [
+        done[name].line().split("] ", 1)[1].split("; details")[0]
+        for name in ("noproc-preload", "proc-preload")
+    ]
+    assert said[0] == said[1]
     line, record = done["noproc-preload"].line(), done["noproc-preload"].last_record()
     assert "shims loaded (encoders, proc-address)" in line and "overlay loaded" not in line
     assert record["libcuda"]["how"] == "mapped"
@@ -257,17 +272,17 @@ def test_loaded_objects_without_proc(monkeypatch) -> None:
     assert all(os.path.exists(f) for f in files)
 
 
-@pytest.mark.parametrize(
-    "library_path",
-    [
-        "::{lib}",  # empty entries: the current directory
-        "{lib}:",  # a trailing separator
-        "/nonexistent/dir:{missing}:{lib}",  # directories that do not exist
-        "usr/local/nvidia/lib64",  # relative to the current directory
-        "./usr/../usr/local/nvidia/lib64;/nowhere",  # '.' and '..', ';' as a separator
-        "{file}:{lib}",  # an entry that is a file, not a directory
-    ],
-)
+ODD_LIBRARY_PATHS = [
+    "::{lib}",  # empty entries: the current directory
+    "{lib}:",  # a trailing separator
+    "/nonexistent/dir:{missing}:{lib}",  # directories that do not exist
+    "usr/local/nvidia/lib64",  # relative to the current directory
+    "./usr/../usr/local/nvidia/lib64;/nowhere",  # '.' and '..', ';' as a separator
+    "{file}:{lib}",  # an entry that is a file, not a directory
+]
+
+
+@pytest.mark.parametrize("library_path", ODD_LIBRARY_PATHS)
 def test_odd_library_path_entries(pods, tmp_path: Path, library_path: str) -> None:
     """Odd LD_LIBRARY_PATH entries are not a fault: the guard resolves libcuda.so.1 to the file the loader
     then maps (checked in /proc/self/maps after vLLM's import), supplies what it lacks, and vLLM starts, as
@@ -281,14 +296,25 @@ def test_odd_library_path_entries(pods, tmp_path: Path, library_path: str) -> No
         "\nprint('MAPPED ' + json.dumps(sorted({l.split()[-1] for l in maps if 'libcuda-control' in l"
         " or l.endswith('/libcuda.so.1')})))"
     )
+    # Strict mode finds nothing to stop on: its vLLM start once (the first case), the guard alone in the
+    # others (faultkit.assert_strict_goes_on).
+    strict_alone = library_path != ODD_LIBRARY_PATHS[0]
     children = {
-        mode: Child(pod, code, tmp_path / mode, {"LD_LIBRARY_PATH": odd, **extra}, cwd=pod.root)
+        mode: Child(
+            pod,
+            GUARD_ONLY if strict_alone and mode == "strict" else code,
+            tmp_path / mode,
+            {"LD_LIBRARY_PATH": odd, **extra},
+            cwd=pod.root,
+        )
         for mode, extra in MODES.items()
     }
     runs = collect_all(children, 240)
     assert runs["off"].outcome["error"].endswith(UNDEFINED)
-    for mode in ("guard", "strict"):
+    for mode in ("guard", "strict") if not strict_alone else ("guard",):
         assert runs[mode].outcome == {"platform": "NvmlCudaPlatform"}, runs[mode].stdout
+    if strict_alone:
+        assert_strict_goes_on(runs["strict"], runs["guard"])
     record = runs["guard"].last_record()
     assert os.path.samefile(record["libcuda"]["path"], pod.lib_dir / "libcuda.so.1")
     assert record["libcuda"]["how"] == "LD_LIBRARY_PATH" and record["problems"] == []
