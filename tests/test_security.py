@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from faultkit import RESOLVE, UNDEFINED, Child, collect_all, default_record_dir_at, run_modes
+from faultkit import GUARD_ONLY, RESOLVE, UNDEFINED, Child, collect_all, default_record_dir_at, run_modes
 from podkit import build_pod, scrubbed_environ
 
 from vllm_tmaguard import redaction, trust
@@ -47,11 +47,14 @@ def _mapped(stdout: str) -> list[str]:
 
 
 # Prints every mapped file whose path mentions libcuda or tmaguard, after vLLM's platform import.
-RESOLVE_AND_MAPS = RESOLVE + (
-    "\nmaps = open('/proc/self/maps').read().splitlines()"
+PRINT_MAPS = (
+    "\nimport json\nmaps = open('/proc/self/maps').read().splitlines()"
     "\nprint('MAPPED ' + json.dumps(sorted({l.split(None, 5)[-1] for l in maps"
     " if len(l.split()) == 6 and ('libcuda' in l or 'tmaguard' in l or 'memfd:' in l)})))"
 )
+RESOLVE_AND_MAPS = RESOLVE + PRINT_MAPS
+# The same after the guard alone (its activation as vLLM's import hook runs it): what it loaded.
+GUARD_AND_MAPS = GUARD_ONLY + PRINT_MAPS
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -216,8 +219,13 @@ def test_a_record_directory_that_is_not_ours_alone_is_refused(pods, tmp_path: Pa
     default = tmp_path / "default-records"  # the process's /tmp/tmaguard-<uid>
     default.mkdir(mode=0o700)
     prefix = default_record_dir_at(default)
-    run = Child(pod, RESOLVE_AND_MAPS, tmp_path / "run", prefix=prefix, record_dir=records).collect(240)
-    assert run.outcome == {"platform": "NvmlCudaPlatform"}
+    # What the guard loads and writes is decided in its activation: vLLM's start in the first case, the
+    # guard alone in the others.
+    starts_vllm = weakness == "mode 0755"
+    code = RESOLVE_AND_MAPS if starts_vllm else GUARD_AND_MAPS
+    run = Child(pod, code, tmp_path / "run", prefix=prefix, record_dir=records).collect(240)
+    if starts_vllm:
+        assert run.outcome == {"platform": "NvmlCudaPlatform"}
     line = run.line()
     pid = line.split("pid=", 1)[1].split(")", 1)[0]
     # The cause is clipped to fit the line; where the record went instead never is (the operator looks there).
@@ -400,8 +408,9 @@ def test_record_and_line_carry_no_secret(tmp_path: Path, standins, log_format: s
     environment appears (the record never includes the environment)."""
     pod = build_pod(tmp_path / SECRET, "vcuda")
     env = {**_secret_env(), "TMAGUARD_LOG_FORMAT": log_format}
-    run = Child(pod, RESOLVE, tmp_path / "run", env).collect(240)
-    assert run.outcome == {"platform": "NvmlCudaPlatform"}
+    # vLLM's start (its own output checked too) in the text case; the JSON line's, the guard alone.
+    run = Child(pod, RESOLVE if log_format == "text" else GUARD_ONLY, tmp_path / "run", env).collect(240)
+    assert log_format != "text" or run.outcome == {"platform": "NvmlCudaPlatform"}
     line = run.line()
     written = (run.record_dir / "last.json").read_text()
     for text in (line, written, run.stderr):
