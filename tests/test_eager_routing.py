@@ -16,6 +16,7 @@ from test_routing import GUARD_ONLY, H100, selectors  # vLLM's real selectors in
 
 from vllm_tmaguard.launch import eager_flag
 from vllm_tmaguard.launch_file import MAX_BYTES, process_eager_flag
+from vllm_tmaguard.stages import ray_env
 
 ROUND_TRIPS = "sends every driver call to its server and vLLM runs eager"
 
@@ -241,8 +242,16 @@ def test_graphs_under_a_network_layer_keep_machete(pods, run_python) -> None:
 
 
 def test_eager_with_a_local_driver_keeps_machete(pods, run_python) -> None:
-    chosen, record = _w4a16(run_python, pods("bare", **H100), ["-cc", '{"cudagraph_mode": "NONE"}'])
-    assert chosen == "MacheteLinearKernel"
+    """The guard alone: eager on a local driver routes nothing, so vLLM's selectors, which read the
+    environment and not the command line, choose what they choose on this pod unrouted: Machete
+    (test_routing.py's test_gemm_hopper_and_auto_keep_the_tma_path_on_a_complete_driver)."""
+    code = GUARD_ONLY + "import os, json\nprint('RESULT ' + json.dumps({'pid': os.getpid()}))\n"
+    run = run_python(pods("bare", **H100), code, args=["-cc", '{"cudagraph_mode": "NONE"}'])
+    record = run.record_of(run.result["pid"])
+    knobs = {k: v for k, v in record["routing"]["env"].items() if k not in ray_env.ENV_NAMES}
+    assert knobs == {} and record["routing"]["blocked_imports"] == [] and record["actions"] == []
+    mixed = next(f for f in record["routing"]["families"] if f["family"] == "mixed-precision linear")
+    assert mixed["path"] == "vLLM's choice: Machete (sm_90 TMA)"
     assert all(ROUND_TRIPS not in f["why"] for f in record["routing"]["families"])
 
 

@@ -78,9 +78,20 @@ def test_non_hopper_gets_marlin_and_no_sm90a_path(pods, run_python, name: str, c
     assert "vLLM limits Machete and CUTLASS W4A8 to compute capability 9.0" in mixed["why"]
 
 
+# The guard alone, then the knobs vLLM's selectors read from the environment it leaves.
+GUARD_THEN_ENV = GUARD_ONLY + (
+    "import json, os\n"
+    "env = {k: v for k, v in os.environ.items() if k.startswith('VLLM_')}\n"
+    "print('RESULT ' + json.dumps({'pid': os.getpid(), 'env': env}))\n"
+)
+
+
 def test_user_disabled_kernels_survive_and_conflicting_setting_is_overridden(pods, run_python) -> None:
+    """What the guard leaves in the environment for vLLM's selectors (the guard alone: that the selectors
+    honour VLLM_DISABLED_KERNELS and VLLM_USE_DEEP_GEMM=0 on this pod is the test above)."""
     user = {"VLLM_DISABLED_KERNELS": "ExllamaLinearKernel, ConchLinearKernel", "VLLM_USE_DEEP_GEMM": "1"}
-    result, record = selectors(run_python, pods("lupine", **H100), **user)
+    run = run_python(pods("lupine", **H100), GUARD_THEN_ENV, user)
+    result, record = run.result, run.record_of(run.result["pid"])
     disabled = result["env"]["VLLM_DISABLED_KERNELS"].split(",")
     assert disabled[:2] == ["ExllamaLinearKernel", "ConchLinearKernel"] and "MacheteLinearKernel" in disabled
     assert result["env"]["VLLM_USE_DEEP_GEMM"] == "0"
