@@ -9,6 +9,12 @@ line naming the fault or pointing at the record that does; with TMAGUARD_STRICT=
 message naming it. Where the guard legitimately does better than "as without" (it still supplies what the
 layer lacks), the test says so.
 
+Where the guard's answer to a fault is to load nothing, its run is the guard alone (GUARD_EFFECTS: a vLLM
+start costs seconds of CPU) and shows that it changed nothing vLLM's start would meet: no driver, layer or
+library of its own mapped, no variable set or removed, no import finder added. The process vLLM then starts
+in is the one it starts in with the guard off (the guard's own pure-Python modules aside), so its outcome
+is the reference run's, which still starts vLLM.
+
 Faults that need the kernel's help are real, not simulated: a read-only bind mount and an empty /proc in a
 private mount namespace (unshare), unreadable files for a process without CAP_DAC_OVERRIDE (setpriv, when
 the tests run as root). Where the machine does not allow them, those tests fail and say what is missing."""
@@ -131,17 +137,18 @@ def run_modes(
     prefix: tuple[str, ...] = (),
     timeout: float = 240,
     strict_alone: bool = False,
+    guard_alone: bool = False,
 ) -> dict[str, Result]:
     """The same process with the guard off, on and strict, run at the same time. `strict_alone`: the strict
     run is the guard alone (GUARD_ONLY), where the fault leaves strict mode nothing to stop on
-    (assert_strict_goes_on says why that is enough)."""
+    (assert_strict_goes_on says why that is enough); `guard_alone`: the guard's run is GUARD_EFFECTS, where
+    the guard loads nothing for the fault (assert_as_without's `guard_alone`)."""
+    codes = {"off": code, "guard": GUARD_EFFECTS if guard_alone else code}
+    codes["strict"] = GUARD_ONLY if strict_alone else code
     children = {
-        mode: Child(
-            pod, GUARD_ONLY if strict_alone and mode == "strict" else code, workdir / mode,
-            {**(env or {}), **extra}, prefix,
-        )
+        mode: Child(pod, codes[mode], workdir / mode, {**(env or {}), **extra}, prefix)
         for mode, extra in MODES.items()
-    }  # fmt: skip
+    }
     return collect_all(children, timeout)
 
 
@@ -151,13 +158,21 @@ def collect_all(children: dict[str, Child], timeout: float) -> dict[str, Result]
     return {name: child.collect(max(0.1, deadline - time.monotonic())) for name, child in children.items()}
 
 
-def assert_as_without(runs: dict[str, Result], *causes: str) -> str:
+def assert_as_without(runs: dict[str, Result], *causes: str, guard_alone: bool = False) -> str:
     """vLLM's outcome with the guard is the one without; one record line, which names each cause or points
-    at the record file that does (when the record could not be written, the line itself). Returns it."""
+    at the record file that does (when the record could not be written, the line itself). Returns it.
+    `guard_alone`: the guard's run was GUARD_EFFECTS, which must show that it changed nothing vLLM's start
+    would meet (so vLLM's outcome is the reference's: the module docstring)."""
     off, guard = runs["off"], runs["guard"]
     assert off.guard_lines() == []
     assert off.returncode is not None, "the reference run hung"
-    assert (guard.returncode, guard.outcome) == (off.returncode, off.outcome), (guard.stdout, guard.stderr)
+    if guard_alone:
+        assert (guard.returncode, guard.outcome) == (0, NO_EFFECTS), (guard.stdout, guard.stderr)
+    else:
+        assert (guard.returncode, guard.outcome) == (off.returncode, off.outcome), (
+            guard.stdout,
+            guard.stderr,
+        )
     line = runs["guard"].line()
     assert "PROBLEM" in line, line
     file = guard.record_dir / "last.json"
@@ -166,6 +181,25 @@ def assert_as_without(runs: dict[str, Result], *causes: str) -> str:
     for cause in causes:
         assert any(cause in text for text in named), f"{cause!r} in neither the line nor its record: {line}"
     return line
+
+
+# The guard alone (as vLLM's import hook runs it), then what it changed of the process that vLLM's start
+# would meet: mapped files that are a driver, a layer or the guard's own libraries (or the overlay in
+# memory), variables set or removed, import finders added.
+GUARD_EFFECTS = """
+import json, os, sys
+environ, finders = dict(os.environ), list(sys.meta_path)
+from vllm_tmaguard.guard import activate
+activate("import-hook")
+watched = ("libcuda", "nvidia", "tmaguard", "/overlay-", "memfd:")
+maps = [line.split(None, 5) for line in open("/proc/self/maps").read().splitlines()]
+mapped = sorted({f[5] for f in maps if len(f) == 6 and any(w in f[5] for w in watched)})
+changed = {k: os.environ.get(k) for k in {*environ, *os.environ} if environ.get(k) != os.environ.get(k)}
+added = [getattr(f, "__name__", type(f).__name__) for f in sys.meta_path if f not in finders]
+effects = {"mapped": mapped, "environ": changed, "finders": added}
+print("RESULT " + json.dumps({"effects": effects}), flush=True)
+"""
+NO_EFFECTS = {"effects": {"mapped": [], "environ": {}, "finders": []}}
 
 
 # What a record holds that differs between two processes of one decision.

@@ -18,7 +18,17 @@ import sys
 from pathlib import Path
 
 import pytest
-from faultkit import GUARD_ONLY, RESOLVE, UNDEFINED, Child, collect_all, default_record_dir_at, run_modes
+from faultkit import (
+    GUARD_EFFECTS,
+    GUARD_ONLY,
+    NO_EFFECTS,
+    RESOLVE,
+    UNDEFINED,
+    Child,
+    collect_all,
+    default_record_dir_at,
+    run_modes,
+)
 from podkit import build_pod, scrubbed_environ
 
 from vllm_tmaguard import redaction, trust
@@ -180,9 +190,10 @@ def test_untrusted_package_libraries_are_refused(pods, tmp_path: Path, weakness:
         for library in lib.glob("*.so"):
             os.chown(library, NOBODY, NOBODY)
         why = f"libtmaguard_overlay.so is owned by uid {NOBODY}"
-    runs = run_modes(pods("vcuda"), tmp_path / "runs", {"PYTHONPATH": str(top)})
+    # The guard loads nothing: its run is the guard alone, which changes nothing vLLM would meet (faultkit).
+    runs = run_modes(pods("vcuda"), tmp_path / "runs", {"PYTHONPATH": str(top)}, guard_alone=True)
     assert runs["off"].outcome["error"].endswith(UNDEFINED)
-    assert runs["guard"].outcome == runs["off"].outcome
+    assert (runs["guard"].returncode, runs["guard"].outcome) == (0, NO_EFFECTS)
     line, problems = runs["guard"].line(), runs["guard"].last_record()["problems"]
     assert "PROBLEM (3): could not load the overlay: refused: " in line and "loaded" not in line
     assert [p["code"] for p in problems] == ["overlay-failed", "shim-failed", "shim-failed"]
@@ -297,13 +308,18 @@ def test_tmaguard_root_never_makes_the_guard_load_a_file(tmp_path: Path, standin
     hidden.mkdir()
     for name in ("libcuda.so.1", pod.real_driver.name):
         shutil.move(pod.lib_dir / name, hidden / name)  # only NVML stays on LD_LIBRARY_PATH
+    # The guard loads nothing: its run is the guard alone, which changes nothing vLLM would meet (faultkit),
+    # no libcuda.so.1 mapped included.
     children = {
-        mode: Child(pod, RESOLVE_AND_MAPS, tmp_path / mode, env)
-        for mode, env in (("off", {"TMAGUARD_MODE": "off"}), ("guard", {}))
+        mode: Child(pod, code, tmp_path / mode, env)
+        for mode, code, env in (
+            ("off", RESOLVE_AND_MAPS, {"TMAGUARD_MODE": "off"}),
+            ("guard", GUARD_EFFECTS + PRINT_MAPS, {}),
+        )
     }
     runs = collect_all(children, 240)
     assert "libcuda.so.1: cannot open shared object file" in runs["off"].outcome["error"]
-    assert runs["guard"].outcome == runs["off"].outcome
+    assert (runs["guard"].returncode, runs["guard"].outcome) == (0, NO_EFFECTS)
     line, problems = runs["guard"].line(), runs["guard"].last_record()["problems"]
     refused = f"libcuda.so.1 ({hidden}/libcuda.so.1) was found under TMAGUARD_ROOT={pod.root}"
     assert f"PROBLEM: {refused[:40]}" in line and "fix: unset TMAGUARD_ROOT" in line

@@ -46,17 +46,18 @@ def test_libcuda_corrupted(pods, tmp_path: Path, damage: str) -> None:
     CUDA libraries (inside `import vllm`); random bytes fail vLLM's extension import ("invalid ELF
     header"). The guard runs before torch, names the file and loads nothing (it must not pick a later
     libcuda.so.1 the loader would never reach); the outcome is the same crash or the same ImportError. In
-    strict mode it does better than a crash: start-up stops with the cause."""
+    strict mode it does better than a crash: start-up stops with the cause. (The guard's run: the guard
+    alone, which loads nothing: faultkit.)"""
     pod = pods("vcuda", nvml_is_layer=False)
     layer = pod.lib_dir / "libcuda.so.1"
     data = layer.read_bytes()[:4000] if damage == "truncated" else os.urandom(65536)
     _replace(layer, data)
-    runs = run_modes(pod, tmp_path)
+    runs = run_modes(pod, tmp_path, guard_alone=True)
     if damage == "truncated":
         assert runs["off"].returncode == -signal.SIGBUS
     else:
         assert "libcuda.so.1: invalid ELF header" in runs["off"].outcome["error"]
-    line = assert_as_without(runs, f"PROBLEM: {layer} is unreadable")
+    line = assert_as_without(runs, f"PROBLEM: {layer} is unreadable", guard_alone=True)
     assert "WARNING" in line and "loaded" not in line
     assert_strict_stops(runs["strict"], f"{layer} is unreadable")
 
@@ -71,9 +72,10 @@ def test_libcuda_corrupted_with_another_one_later_on_the_path(pods, tmp_path: Pa
     # An x86-64 ELF header (the loader does not pass over it) followed by garbage.
     header = b"\x7fELF\x02\x01\x01" + bytes(9) + (3).to_bytes(2, "little") + (62).to_bytes(2, "little")
     (broken / "libcuda.so.1").write_bytes(header + os.urandom(4000))
-    runs = run_modes(pod, tmp_path / "runs", {"LD_LIBRARY_PATH": f"{broken}:{pod.lib_dir}"})
+    env = {"LD_LIBRARY_PATH": f"{broken}:{pod.lib_dir}"}
+    runs = run_modes(pod, tmp_path / "runs", env, guard_alone=True)  # the guard loads nothing: faultkit
     assert "libcuda.so.1" in runs["off"].outcome["error"]
-    line = assert_as_without(runs, f"PROBLEM: {broken}/libcuda.so.1 is unreadable")
+    line = assert_as_without(runs, f"PROBLEM: {broken}/libcuda.so.1 is unreadable", guard_alone=True)
     assert "overlay" not in line
     libcuda = runs["guard"].last_record()["libcuda"]
     assert (libcuda["path"], libcuda["how"]) == (f"{broken}/libcuda.so.1", "LD_LIBRARY_PATH")
@@ -86,9 +88,10 @@ def test_libcuda_unreadable(pods, tmp_path: Path) -> None:
     pod = pods("vcuda", nvml_is_layer=False)
     layer = pod.lib_dir / "libcuda.so.1"
     _replace(layer, layer.read_bytes(), 0o000)
-    runs = run_modes(pod, tmp_path, prefix=prefix)
+    runs = run_modes(pod, tmp_path, prefix=prefix, guard_alone=True)  # the guard loads nothing: faultkit
     assert "libcuda.so.1: cannot open shared object file" in runs["off"].outcome["error"]
-    line = assert_as_without(runs, "PROBLEM: libcuda.so.1 not found", f"{layer}: Permission denied")
+    why = f"{layer}: Permission denied"
+    line = assert_as_without(runs, "PROBLEM: libcuda.so.1 not found", why, guard_alone=True)
     assert "WARNING" in line
     assert_strict_stops(runs["strict"], "libcuda.so.1 not found")
 
@@ -143,7 +146,8 @@ def test_shim_and_overlay_fail_to_load(pods, tmp_path: Path, damage: str) -> Non
             library.write_bytes(os.urandom(20000))
         else:
             library.unlink()
-    runs = run_modes(pods("vcuda", nvml_is_layer=False), tmp_path / "runs", {"PYTHONPATH": str(top)})
+    pod, env = pods("vcuda", nvml_is_layer=False), {"PYTHONPATH": str(top)}
+    runs = run_modes(pod, tmp_path / "runs", env, guard_alone=True)  # nothing loads: faultkit
     assert runs["off"].outcome["error"].endswith(UNDEFINED)
     if damage == "corrupt":
         overlay_why, shim_why = "does not carry the layer placeholder twice", "invalid ELF header"
@@ -155,6 +159,7 @@ def test_shim_and_overlay_fail_to_load(pods, tmp_path: Path, damage: str) -> Non
         overlay_why,
         f"could not load {lib}/libtmaguard_encoders.so: ",
         shim_why,
+        guard_alone=True,
     )
     assert "WARNING" in line
     assert_strict_stops(runs["strict"], "could not load the overlay", "libtmaguard_encoders.so")
@@ -327,8 +332,10 @@ def test_library_path_with_a_token_the_guard_cannot_expand(pods, tmp_path: Path)
     not: the guard cannot tell which libcuda.so.1 the loader takes, so it supplies nothing (it must not
     put its overlay in front of a file the loader might not load) and vLLM behaves exactly as without it."""
     pod = pods("vcuda", nvml_is_layer=False)
-    runs = run_modes(pod, tmp_path, {"LD_LIBRARY_PATH": f"$ORIGIN/../nvidia:{pod.lib_dir}"})
+    env = {"LD_LIBRARY_PATH": f"$ORIGIN/../nvidia:{pod.lib_dir}"}
+    runs = run_modes(pod, tmp_path, env, guard_alone=True)  # the guard loads nothing: faultkit
     assert runs["off"].outcome["error"].endswith(UNDEFINED)
-    line = assert_as_without(runs, "PROBLEM: libcuda.so.1 not found", "$ORIGIN/../nvidia: the loader expands")
+    causes = ("PROBLEM: libcuda.so.1 not found", "$ORIGIN/../nvidia: the loader expands")
+    line = assert_as_without(runs, *causes, guard_alone=True)
     assert "loaded" not in line
     assert_strict_stops(runs["strict"], "libcuda.so.1 not found")
