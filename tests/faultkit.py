@@ -21,6 +21,7 @@ the tests run as root). Where the machine does not allow them, those tests fail 
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -31,9 +32,10 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
-from podkit import Pod, guard_lines, scrubbed_environ
+from podkit import Pod, build_pod, guard_lines, scrubbed_environ
 
 from vllm_tmaguard.stages import ray_env
 
@@ -138,18 +140,48 @@ def run_modes(
     timeout: float = 240,
     strict_alone: bool = False,
     guard_alone: bool = False,
+    off: Result | None = None,
 ) -> dict[str, Result]:
     """The same process with the guard off, on and strict, run at the same time. `strict_alone`: the strict
     run is the guard alone (GUARD_ONLY), where the fault leaves strict mode nothing to stop on
     (assert_strict_goes_on says why that is enough); `guard_alone`: the guard's run is GUARD_EFFECTS, where
-    the guard loads nothing for the fault (assert_as_without's `guard_alone`)."""
+    the guard loads nothing for the fault (assert_as_without's `guard_alone`); `off`: the run with the guard
+    off, already made (shared_reference), for a fault the guard-off process never meets."""
     codes = {"off": code, "guard": GUARD_EFFECTS if guard_alone else code}
     codes["strict"] = GUARD_ONLY if strict_alone else code
     children = {
         mode: Child(pod, codes[mode], workdir / mode, {**(env or {}), **extra}, prefix)
         for mode, extra in MODES.items()
+        if not (mode == "off" and off is not None)
     }
-    return collect_all(children, timeout)
+    return {**({"off": off} if off is not None else {}), **collect_all(children, timeout)}
+
+
+def shared_reference(directory: Path, kind: str, **options: Any) -> tuple[Pod, Result]:
+    """A pod of `kind` (build_pod's `options`) and vLLM's start in it with the guard off (RESOLVE), made once
+    into `directory` for every test process that asks (pytest-xdist's workers share it: the first makes
+    both under a lock, the others read what it left). The reference for the faults that the process with
+    the guard off never meets (the guard's own files, its record directory): vLLM's start there is this
+    one, the same pod and the same variables. Tests run their other processes in this pod and never change
+    it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    saved = directory / "reference.json"
+    with open(directory / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not saved.exists():
+            pod = build_pod(directory, kind, **options)
+            run = Child(pod, RESOLVE, directory / "off", MODES["off"]).collect(240)
+            real = str(pod.real_driver) if pod.real_driver else None
+            made = {
+                "pod": [pod.kind, str(pod.root), str(pod.lib_dir), real, pod.env],
+                "run": [run.returncode, run.stdout, run.stderr, str(run.record_dir)],
+            }
+            saved.write_text(json.dumps(made))
+    made = json.loads(saved.read_text())
+    kind, root, lib_dir, real, env = made["pod"]
+    returncode, stdout, stderr, record_dir = made["run"]
+    pod = Pod(kind, Path(root), Path(lib_dir), Path(real) if real else None, env)
+    return pod, Result(returncode, stdout, stderr, Path(record_dir))
 
 
 def collect_all(children: dict[str, Child], timeout: float) -> dict[str, Result]:

@@ -174,7 +174,7 @@ def _guard_copy(base: Path) -> tuple[Path, Path]:
 
 
 @pytest.mark.parametrize("weakness", ["world-writable directory", "group-writable file", "other owner"])
-def test_untrusted_package_libraries_are_refused(pods, tmp_path: Path, weakness: str) -> None:
+def test_untrusted_package_libraries_are_refused(off_reference, tmp_path: Path, weakness: str) -> None:
     """The package's libraries where someone else could have replaced them: the guard loads none of them,
     and vLLM behaves exactly as without the guard; the line says why. Strict mode stops with the cause."""
     assert weakness != "other owner" or os.geteuid() == 0, "chown to another user needs root"
@@ -190,8 +190,10 @@ def test_untrusted_package_libraries_are_refused(pods, tmp_path: Path, weakness:
         for library in lib.glob("*.so"):
             os.chown(library, NOBODY, NOBODY)
         why = f"libtmaguard_overlay.so is owned by uid {NOBODY}"
-    # The guard loads nothing: its run is the guard alone, which changes nothing vLLM would meet (faultkit).
-    runs = run_modes(pods("vcuda"), tmp_path / "runs", {"PYTHONPATH": str(top)}, guard_alone=True)
+    # The guard loads nothing: its run is the guard alone, which changes nothing vLLM would meet; the guard
+    # off never meets its own libraries: the pod's reference run (faultkit.shared_reference).
+    pod, off = off_reference("vcuda")
+    runs = run_modes(pod, tmp_path / "runs", {"PYTHONPATH": str(top)}, guard_alone=True, off=off)
     assert runs["off"].outcome["error"].endswith(UNDEFINED)
     assert (runs["guard"].returncode, runs["guard"].outcome) == (0, NO_EFFECTS)
     line, problems = runs["guard"].line(), runs["guard"].last_record()["problems"]

@@ -137,7 +137,7 @@ def _guard_copy(base: Path) -> tuple[Path, Path]:
 
 
 @pytest.mark.parametrize("damage", ["corrupt", "missing"])
-def test_shim_and_overlay_fail_to_load(pods, tmp_path: Path, damage: str) -> None:
+def test_shim_and_overlay_fail_to_load(off_reference, tmp_path: Path, damage: str) -> None:
     """Every library of the package is random bytes, or gone: the overlay cannot be built, the shims cannot
     be loaded, and vLLM fails exactly as without the guard, with the reasons on the record line."""
     top, lib = _guard_copy(tmp_path)
@@ -146,8 +146,9 @@ def test_shim_and_overlay_fail_to_load(pods, tmp_path: Path, damage: str) -> Non
             library.write_bytes(os.urandom(20000))
         else:
             library.unlink()
-    pod, env = pods("vcuda", nvml_is_layer=False), {"PYTHONPATH": str(top)}
-    runs = run_modes(pod, tmp_path / "runs", env, guard_alone=True)  # nothing loads: faultkit
+    # The guard off never meets its own libraries: the pod's reference run (faultkit.shared_reference).
+    pod, off = off_reference("vcuda", nvml_is_layer=False)
+    runs = run_modes(pod, tmp_path / "runs", {"PYTHONPATH": str(top)}, guard_alone=True, off=off)
     assert runs["off"].outcome["error"].endswith(UNDEFINED)
     if damage == "corrupt":
         overlay_why, shim_why = "does not carry the layer placeholder twice", "invalid ELF header"
@@ -165,7 +166,7 @@ def test_shim_and_overlay_fail_to_load(pods, tmp_path: Path, damage: str) -> Non
     assert_strict_stops(runs["strict"], "could not load the overlay", "libtmaguard_encoders.so")
 
 
-def test_read_only_file_system(pods, tmp_path: Path) -> None:
+def test_read_only_file_system(off_reference, tmp_path: Path) -> None:
     """TMAGUARD_RECORD_DIR on a read-only file system (a read-only bind mount). The guard does better than
     "as without": its files go to the default private directory and vLLM starts; the record line says why
     the asked one was refused. Strict mode stops on that, naming the directory."""
@@ -175,12 +176,9 @@ def test_read_only_file_system(pods, tmp_path: Path) -> None:
     default = tmp_path / "default-records"  # the processes' /tmp/tmaguard-<uid>
     default.mkdir(mode=0o700)
     prefix = read_only(mount, default)
-    runs = run_modes(
-        pods("vcuda", nvml_is_layer=False),
-        tmp_path / "runs",
-        {"TMAGUARD_RECORD_DIR": str(records)},
-        prefix=prefix,
-    )
+    # The guard off never meets its record directory: the pod's reference run (faultkit.shared_reference).
+    pod, off = off_reference("vcuda", nvml_is_layer=False)
+    runs = run_modes(pod, tmp_path / "runs", {"TMAGUARD_RECORD_DIR": str(records)}, prefix=prefix, off=off)
     assert runs["off"].outcome["error"].endswith(UNDEFINED)
     assert runs["guard"].outcome == {"platform": "NvmlCudaPlatform"}
     line = runs["guard"].line()
