@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from faultkit import GUARD_EFFECTS, NO_EFFECTS
 from podkit import DEFAULT_DRIVER, expected_descriptor, write_gpus
 
 from vllm_tmaguard.stages import ray_env
@@ -62,10 +63,11 @@ print("RESULT " + json.dumps(out))
 UNDEFINED = "undefined symbol: cuTensorMapEncodeTiled"
 
 
-def test_without_guard_vllm_fails_with_the_seed_error(pods, run_python) -> None:
-    run = run_python(pods("vcuda"), RESOLVE_PLATFORM, {"TMAGUARD_MODE": "off"})
-    assert run.result["error"].startswith("ImportError: ")
-    assert run.result["error"].endswith("_C_stable_libtorch.abi3.so: " + UNDEFINED)
+def test_without_guard_vllm_fails_with_the_seed_error(off_reference) -> None:
+    """vLLM's start on a vCUDA pod with the guard off, the run the suite shares (faultkit)."""
+    _, run = off_reference("vcuda")
+    assert run.outcome["error"].startswith("ImportError: ")
+    assert run.outcome["error"].endswith("_C_stable_libtorch.abi3.so: " + UNDEFINED)
     assert run.guard_lines() == []
 
 
@@ -168,9 +170,13 @@ def test_platform_plugin_entry_point_alone_fixes_the_import(pods, run_python) ->
     assert run.last_record()["trigger"] == "platform-plugin"
 
 
-def test_validate_mode_reports_and_changes_nothing(pods, run_python) -> None:
-    run = run_python(pods("vcuda"), RESOLVE_PLATFORM, {"TMAGUARD_MODE": "validate"})
-    assert run.result["error"].endswith(UNDEFINED)
+def test_validate_mode_reports_and_changes_nothing(off_reference, run_python) -> None:
+    """The guard alone in validate mode changes nothing vLLM's start would meet, so vLLM fails as with the
+    guard off (faultkit.GUARD_EFFECTS; the pod's reference run shows that failure)."""
+    pod, off = off_reference("vcuda")
+    run = run_python(pod, GUARD_EFFECTS, {"TMAGUARD_MODE": "validate"})
+    assert off.outcome["error"].endswith(UNDEFINED)
+    assert (run.returncode, run.result) == (0, NO_EFFECTS)
     (line,) = run.guard_lines()
     assert "lacks" in line and "would be supplied" in line and "overlay would be loaded" in line
     action = run.last_record()["actions"][0]
