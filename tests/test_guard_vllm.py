@@ -6,7 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from faultkit import GUARD_EFFECTS, NO_EFFECTS
 from podkit import DEFAULT_DRIVER, expected_descriptor, write_gpus
+
+from vllm_tmaguard.stages import ray_env
 
 # The guard's activation as vLLM's import hook runs it, without the rest of vLLM's start-up: for a test about
 # the guard's line or record alone (a vLLM start costs seconds of CPU; the tests about vLLM start it).
@@ -60,10 +63,11 @@ print("RESULT " + json.dumps(out))
 UNDEFINED = "undefined symbol: cuTensorMapEncodeTiled"
 
 
-def test_without_guard_vllm_fails_with_the_seed_error(pods, run_python) -> None:
-    run = run_python(pods("vcuda"), RESOLVE_PLATFORM, {"TMAGUARD_MODE": "off"})
-    assert run.result["error"].startswith("ImportError: ")
-    assert run.result["error"].endswith("_C_stable_libtorch.abi3.so: " + UNDEFINED)
+def test_without_guard_vllm_fails_with_the_seed_error(off_reference) -> None:
+    """vLLM's start on a vCUDA pod with the guard off, the run the suite shares (faultkit)."""
+    _, run = off_reference("vcuda")
+    assert run.outcome["error"].startswith("ImportError: ")
+    assert run.outcome["error"].endswith("_C_stable_libtorch.abi3.so: " + UNDEFINED)
     assert run.guard_lines() == []
 
 
@@ -139,7 +143,8 @@ def test_complete_libcuda_loads_nothing_and_says_so(pods, run_python, kind: str)
 def test_no_gpu_is_silent_but_for_one_debug_line(pods, run_python) -> None:
     quiet = run_python(pods("nogpu"), RESOLVE_PLATFORM)
     assert quiet.guard_lines() == [] and quiet.stderr.count("tmaguard") == 0
-    debug = run_python(pods("nogpu"), RESOLVE_PLATFORM, {"VLLM_LOGGING_LEVEL": "DEBUG"})
+    # The guard's own logger reads VLLM_LOGGING_LEVEL (line.py): its line, the guard alone.
+    debug = run_python(pods("nogpu"), GUARD_ONLY, {"VLLM_LOGGING_LEVEL": "DEBUG"}, records="debug")
     (line,) = debug.guard_lines()
     assert "DEBUG" in line and "no GPU" in line
 
@@ -165,9 +170,13 @@ def test_platform_plugin_entry_point_alone_fixes_the_import(pods, run_python) ->
     assert run.last_record()["trigger"] == "platform-plugin"
 
 
-def test_validate_mode_reports_and_changes_nothing(pods, run_python) -> None:
-    run = run_python(pods("vcuda"), RESOLVE_PLATFORM, {"TMAGUARD_MODE": "validate"})
-    assert run.result["error"].endswith(UNDEFINED)
+def test_validate_mode_reports_and_changes_nothing(off_reference, run_python) -> None:
+    """The guard alone in validate mode changes nothing vLLM's start would meet, so vLLM fails as with the
+    guard off (faultkit.GUARD_EFFECTS; the pod's reference run shows that failure)."""
+    pod, off = off_reference("vcuda")
+    run = run_python(pod, GUARD_EFFECTS, {"TMAGUARD_MODE": "validate"})
+    assert off.outcome["error"].endswith(UNDEFINED)
+    assert (run.returncode, run.result) == (0, NO_EFFECTS)
     (line,) = run.guard_lines()
     assert "lacks" in line and "would be supplied" in line and "overlay would be loaded" in line
     action = run.last_record()["actions"][0]
@@ -192,6 +201,21 @@ def test_json_record(pods, run_python) -> None:
     assert record["libcuda"]["soname"] == "libcuda-control.so" and record["libcuda"]["real_driver"]
 
 
+def _what_vllm_meets(record: dict) -> dict:
+    """What a record's decisions change for vLLM's start: what was loaded or set, and the routing's knobs
+    (the variables that carry toggles to Ray's workers aside: only Ray reads them)."""
+    routing = record["routing"]
+    return {
+        "actions": [
+            (a["kind"], a["target"], a["applied"])
+            for a in record["actions"]
+            if a["target"] not in ray_env.ENV_NAMES
+        ],
+        "env": {k: v for k, v in routing["env"].items() if k not in ray_env.ENV_NAMES},
+        "blocked": routing["blocked_imports"],
+    }
+
+
 @pytest.mark.parametrize(
     ("variable", "value", "allowed"),
     [
@@ -203,9 +227,17 @@ def test_json_record(pods, run_python) -> None:
 def test_a_bad_toggle_falls_back_to_its_default_and_keeps_the_symbol_fix(
     pods, run_python, variable: str, value: str, allowed: str
 ) -> None:
-    """A typo in one setting used to switch the whole guard off (and vLLM died of the seed error)."""
-    run = run_python(pods("vcuda"), RESOLVE_PLATFORM, {variable: value})
-    assert run.result["platform"] == "NvmlCudaPlatform"  # the overlay was loaded all the same
+    """A typo in one setting used to switch the whole guard off (and vLLM died of the seed error). vLLM
+    starts under the bad TMAGUARD_MODE; under the others the guard alone shows the decisions made with the
+    setting unset, the same process for vLLM."""
+    pod = pods("vcuda")
+    starts_vllm = variable == "TMAGUARD_MODE"
+    run = run_python(pod, RESOLVE_PLATFORM if starts_vllm else GUARD_ONLY, {variable: value})
+    if starts_vllm:
+        assert run.result["platform"] == "NvmlCudaPlatform"  # the overlay was loaded all the same
+    else:
+        unset = run_python(pod, GUARD_ONLY, records="unset").last_record()
+        assert _what_vllm_meets(run.last_record()) == _what_vllm_meets(unset)
     (line,) = run.guard_lines()
     assert "WARNING" in line and "overlay loaded" in line
     assert f"PROBLEM: {variable}={value!r} is not valid; fix: set {variable} to {allowed}" in line

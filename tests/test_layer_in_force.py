@@ -28,7 +28,9 @@ import podkit
 import pytest
 from podkit import child_environ
 
-IMPORT_VLLM = "import vllm\nprint('RESULT {}')"
+# The guard's activation as vLLM's import hook runs it, without the rest of vLLM's start: for the tests whose
+# part is the guard's record alone.
+GUARD_ONLY = "from vllm_tmaguard.guard import activate\nactivate('import-hook')\nprint('RESULT {}')"
 # After vLLM's import (the guard's run), what the process's own preload variable is.
 PRELOAD_AFTER = "import json, os, vllm\nprint('RESULT ' + json.dumps(os.environ.get('LD_PRELOAD')))"
 
@@ -184,19 +186,19 @@ def test_an_unreadable_library(pods, tmp_path) -> None:
 
 
 def test_a_library_this_process_did_not_map(pods, run_python) -> None:
-    """LD_PRELOAD set inside Python before `import vllm`: the file would load, but this process's loader
-    never mapped it, so its limits are not in force here. That verdict is this process's alone: a process
-    started with the same LD_PRELOAD has the library mapped, runs the full run (no replay of the first),
-    and finds it in force."""
+    """LD_PRELOAD set inside Python before the guard runs (at `import vllm`; here the guard alone, its
+    record being the subject): the file would load, but this process's loader never mapped it, so its
+    limits are not in force here. That verdict is this process's alone: a process started with the same
+    LD_PRELOAD has the library mapped, runs the full run (no replay of the first), and finds it in force."""
     pod = pods("hami", cc="9.0")
     (pod.root / "etc/ld.so.preload").unlink()
     entry = pod.env["LD_PRELOAD"]
-    late = f"import os\nos.environ['LD_PRELOAD'] = {entry!r}\n{IMPORT_VLLM}"
+    late = f"import os\nos.environ['LD_PRELOAD'] = {entry!r}\n{GUARD_ONLY}"
     first = run_python(pod, late, {"LD_PRELOAD": ""})
     (problem,) = first.last_record()["problems"]
     assert problem["code"] == "layer-not-in-force"
     assert f"{entry} (from LD_PRELOAD) is not among" in problem["cause"]
-    second = run_python(pod, IMPORT_VLLM)
+    second = run_python(pod, GUARD_ONLY)
     record = second.last_record()
     assert record["replayed_from"] is None and record["problems"] == [] and record["outcome"] != "degraded"
 
@@ -261,7 +263,7 @@ def test_the_layers_library_identity_in_the_record_and_the_doctor(pods, tmp_path
 def test_the_preloaded_librarys_identity_is_replayed_with_the_verdict(pods, run_python) -> None:
     """HAMi-core: the preloaded file; read in the full run, kept by the replay."""
     pod = pods("hami", cc="9.0")
-    first, second = (run_python(pod, IMPORT_VLLM).last_record() for _ in range(2))
+    first, second = (run_python(pod, GUARD_ONLY).last_record() for _ in range(2))
     assert second["replayed_from"] == first["pid"]
     (library,) = first["layer_files"]
     assert library["path"] == pod.env["LD_PRELOAD"] and second["layer_files"] == [library]

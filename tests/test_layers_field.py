@@ -28,15 +28,20 @@ from podkit import child_environ
 
 GIB = 1 << 30
 INVALID_CONTEXT, OUT_OF_MEMORY = 201, 2
-GRAPHS_OFF = "--compilation-config '{\"cudagraph_mode\": \"NONE\"}'"
+GRAPHS_OFF = '--compilation-config \'{"cudagraph_mode": "NONE"}\''
 
 # A cudart-like consumer: dlopen("libcuda.so.1"), cuGetProcAddress_v2 for base names with the CUDA version it
-# was built for, then the calls. With IMPORT_VLLM=1 vLLM is imported first (the guard runs at that import).
+# was built for, then the calls. With IMPORT_VLLM=1 vLLM is imported first (the guard runs at that import);
+# with IMPORT_VLLM=guard the guard alone runs first, as vLLM's import hook runs it (GUARD_ONLY): for a test
+# about what the guard loaded and the layer then answers, not about vLLM.
 CUDART = """
 import ctypes, json, os
 out = {}
 if os.environ.get("IMPORT_VLLM") == "1":
     import vllm  # noqa: F401
+elif os.environ.get("IMPORT_VLLM") == "guard":
+    from vllm_tmaguard.guard import activate
+    activate("import-hook")
 cuda = ctypes.CDLL("libcuda.so.1")
 v2 = cuda.cuGetProcAddress_v2
 def look(name, version=13000, flags=0):
@@ -64,6 +69,11 @@ if counter:
 out["overlays"] = open("/proc/self/maps").read().count("/overlay-")
 print("RESULT " + json.dumps(out))
 """
+
+
+# The guard's activation as vLLM's import hook runs it (at `import vllm`), without the rest of vLLM's start:
+# for the tests about the guard's record and line on a layer's pod, not about vLLM.
+GUARD_ONLY = "from vllm_tmaguard.guard import activate\nactivate('import-hook')\n"
 
 
 def cudart(run_python, pod: podkit.Pod, counter: str | None = None, **env: str):
@@ -116,7 +126,7 @@ def test_fork_with_the_guard_the_overlay_answers_its_look_ups(pods, run_python) 
     the allocation succeeds and stays metered (the quota refuses one past it); the layer's own look-up is
     never asked; the status is written."""
     pod = pods("vcuda-fork", cc="9.0")
-    run = cudart(run_python, pod, fork_counter(pod), IMPORT_VLLM="1")
+    run = cudart(run_python, pod, fork_counter(pod), IMPORT_VLLM="guard")
     result = run.result
     assert result["overlays"] >= 1 and result["look_up"] == [0, 0]
     assert result["alloc"] == [0, OUT_OF_MEMORY]  # its 20 GiB quota
@@ -156,7 +166,7 @@ def test_fork_where_the_overlay_cannot_stand_in_is_an_error(pods, run_python, tm
     """Items 1 and 4: with the overlay off, the fork's look-up stays broken: a problem with the fix in the
     record and the line, an error in the doctor, and no "TMA usable" beside it."""
     pod = pods("vcuda-fork", cc="9.0")
-    run = cudart(run_python, pod, IMPORT_VLLM="1", TMAGUARD_OVERLAY="off")
+    run = cudart(run_python, pod, IMPORT_VLLM="guard", TMAGUARD_OVERLAY="off")
     assert run.result["alloc"][0] == INVALID_CONTEXT
     (problem,) = run.last_record()["problems"]
     assert problem["code"] == "lookup-swapped" and run.last_record()["outcome"] == "degraded"
@@ -199,7 +209,7 @@ def test_vgpu_manager_named_from_the_pods_preload_file(pods, run_python, tmp_pat
     """Item 2: the /etc/ld.so.preload entry names it (with LD_PRELOAD out of the picture too); NVIDIA's
     libcuda.so.1 stays, so nothing is loaded; its metering is in the record."""
     pod = pods("vgpu-manager")
-    run = run_python(pod, "import vllm\nprint('RESULT 1')")
+    run = run_python(pod, GUARD_ONLY)
     record = run.last_record()
     (layer,) = record["layers"]
     assert layer["name"] == "vgpu-manager" and layer["label"] == "vgpu-manager"
@@ -224,7 +234,7 @@ def test_vgpu_manager_keeps_its_quota_under_the_guard(pods, run_python, tmp_path
     pod = pods("vgpu-manager")
     control = pod.root / podkit.VGPU_MANAGER_PRELOAD.lstrip("/")
     counter = f"{control.resolve()}:standin_vgpu_manager_calls"
-    result = cudart(run_python, pod, counter, IMPORT_VLLM="1").result
+    result = cudart(run_python, pod, counter, IMPORT_VLLM="guard").result
     assert result["alloc"] == [0, OUT_OF_MEMORY] and result["calls"]["cuMemAlloc_v2"] == 2
     assert result["overlays"] == 0
     code, report = doctor(pod, tmp_path / "r")
@@ -242,7 +252,7 @@ def test_nvshare_says_how_to_keep_vllm_out_of_cuda_graph_capture(pods, run_pytho
     """Item 4: named from its preload; no quota and the launches that skip its lock in the record; the CUDA-
     graph capture failure in the line and the doctor with vLLM's flag (no environment variable does it)."""
     pod = pods("nvshare")
-    run = run_python(pod, "import vllm\nprint('RESULT 1')")
+    run = run_python(pod, GUARD_ONLY)
     record = run.last_record()
     (layer,) = record["layers"]
     assert layer["name"] == "nvshare" and f"{podkit.NVSHARE_PRELOAD}" in layer["evidence"][0]
@@ -272,7 +282,7 @@ def test_nvshare_missing_socket_is_said_before_vllm_hangs(pods, run_python, tmp_
     (which then dies in nvshare's client thread); strict mode stops before any CUDA call; the doctor: an
     error with the fix, never "TMA usable"."""
     pod = podkit.build_pod(tmp_path / "pod", "nvshare", cc="9.0", scheduler_socket=False)
-    code = "import vllm, ctypes\nctypes.CDLL('libcuda.so.1').cuInit(0)\nprint('RESULT 1')"
+    code = GUARD_ONLY + "import ctypes\nctypes.CDLL('libcuda.so.1').cuInit(0)\nprint('RESULT 1')"
     run = run_python(pod, code, timeout=30)
     assert run.returncode == 1 and "RESULT" not in run.stdout
     (line,) = run.guard_lines()

@@ -27,6 +27,9 @@ if os.environ.get("PRELOAD_LIBCUDA"):
     ctypes.CDLL("libcuda.so.1")  # something loads libcuda.so.1 before vLLM (and the guard) does
 if os.environ.get("IMPORT_VLLM", "1") == "1":
     import vllm
+elif os.environ["IMPORT_VLLM"] == "guard":  # the guard alone, as vLLM's import hook runs it
+    from vllm_tmaguard.guard import activate
+    activate("import-hook")
 cuda = ctypes.CDLL("libcuda.so.1")
 c_size = ctypes.c_uint64
 try:
@@ -87,6 +90,9 @@ print("RESULT " + json.dumps(out))
 
 
 def consumers(run_python, pod, prefix: tuple[str, ...] = (), **env: str):
+    """CONSUMERS in a fresh process of `pod`; IMPORT_VLLM: "1" (vLLM imported first, its import hook running
+    the guard), "guard" (the guard alone: for a test about what the guard loaded and the driver's
+    consumers then get, not about vLLM), "0" (neither)."""
     settings = {
         "LAYER": str(pod.lib_dir / "libcuda.so.1"),
         "REAL_DRIVER": str(pod.real_driver),
@@ -156,7 +162,7 @@ def test_the_layers_own_lookup_fails_as_the_real_layer_does(pods, kind, expected
 
 @pytest.mark.parametrize("kind", VCUDA)
 def test_without_the_overlay_the_runtimes_lookup_is_missing(pods, run_python, kind) -> None:
-    result = consumers(run_python, pods(kind), TMAGUARD_OVERLAY="off").result
+    result = consumers(run_python, pods(kind), TMAGUARD_OVERLAY="off", IMPORT_VLLM="guard").result
     assert "undefined symbol: cuGetProcAddress_v2" in result["cudart"]
 
 
@@ -193,7 +199,7 @@ def test_hamis_process_wide_dlsym_is_not_touched_by_the_guard(pods, run_python) 
 
 
 def test_libcuda_loaded_first_falls_back_to_the_shims_and_says_how_to_fix(pods, run_python) -> None:
-    run = consumers(run_python, pods("vcuda"), PRELOAD_LIBCUDA="1")
+    run = consumers(run_python, pods("vcuda"), PRELOAD_LIBCUDA="1", IMPORT_VLLM="guard")
     assert "undefined symbol: cuGetProcAddress_v2" in run.result["cudart"]
     record = run.last_record()
     assert record["supplied"] == {"cuTensorMapEncodeTiled": "encoders", "cuGetProcAddress_v2": "proc-address"}
@@ -208,7 +214,13 @@ def test_a_refused_record_directory_is_said_and_the_default_one_used(pods, run_p
     default = tmp_path / "default-records"  # the process's /tmp/tmaguard-<uid>
     default.mkdir(mode=0o700)
     prefix = default_record_dir_at(default)
-    run = consumers(run_python, pods("vcuda"), prefix, TMAGUARD_RECORD_DIR="/proc/tmaguard-cannot-write-here")
+    run = consumers(
+        run_python,
+        pods("vcuda"),
+        prefix,
+        TMAGUARD_RECORD_DIR="/proc/tmaguard-cannot-write-here",
+        IMPORT_VLLM="guard",
+    )
     assert run.result["init"] == 0
     (line,) = run.guard_lines()
     assert "overlay loaded;" in line and "WARNING" in line
@@ -232,7 +244,8 @@ def test_without_any_private_directory_the_overlay_stays_in_memory(pods) -> None
 def test_no_overlay_where_the_layer_lacks_nothing(pods, run_python, kind: str) -> None:
     run = run_python(
         pods(kind),
-        "import vllm, json; print('RESULT ' + json.dumps(open('/proc/self/maps').read().count('/overlay-')))",
+        "from vllm_tmaguard.guard import activate\nactivate('import-hook')\nimport json\n"  # the guard alone
+        "print('RESULT ' + json.dumps(open('/proc/self/maps').read().count('/overlay-')))",
     )
     assert run.result == 0 and run.last_record()["supplied"] == {}
 
@@ -257,10 +270,10 @@ def test_env_recipe_installs_an_overlay_that_works_without_the_guard(pods, run_p
     assert code == 0 and printed[-1] == f"export LD_LIBRARY_PATH={install_dir}:{pod.lib_dir}"
     manifest_env = {"LD_LIBRARY_PATH": f"{install_dir}:{pod.lib_dir}"}
     # The installed overlay alone (guard off) serves the runtime's and Triton's look-ups, through the layer.
-    result = consumers(run_python, pod, TMAGUARD_MODE="off", **manifest_env).result
+    result = consumers(run_python, pod, TMAGUARD_MODE="off", IMPORT_VLLM="0", **manifest_env).result
     assert result["alloc_past_quota"] == 2 and result["triton"] == [0, 0]
     # With the guard on, it recognises its overlay, names the layer behind it, and loads nothing more.
-    run = consumers(run_python, pod, **manifest_env)
+    run = consumers(run_python, pod, IMPORT_VLLM="guard", **manifest_env)
     record = run.last_record()
     assert record["libcuda"]["overlay_of"] == str(pod.lib_dir / "libcuda.so.1")
     assert record["supplied"] == {} and record["problems"] == []

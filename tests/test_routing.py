@@ -78,9 +78,20 @@ def test_non_hopper_gets_marlin_and_no_sm90a_path(pods, run_python, name: str, c
     assert "vLLM limits Machete and CUTLASS W4A8 to compute capability 9.0" in mixed["why"]
 
 
+# The guard alone, then the knobs vLLM's selectors read from the environment it leaves.
+GUARD_THEN_ENV = GUARD_ONLY + (
+    "import json, os\n"
+    "env = {k: v for k, v in os.environ.items() if k.startswith('VLLM_')}\n"
+    "print('RESULT ' + json.dumps({'pid': os.getpid(), 'env': env}))\n"
+)
+
+
 def test_user_disabled_kernels_survive_and_conflicting_setting_is_overridden(pods, run_python) -> None:
+    """What the guard leaves in the environment for vLLM's selectors (the guard alone: that the selectors
+    honour VLLM_DISABLED_KERNELS and VLLM_USE_DEEP_GEMM=0 on this pod is the test above)."""
     user = {"VLLM_DISABLED_KERNELS": "ExllamaLinearKernel, ConchLinearKernel", "VLLM_USE_DEEP_GEMM": "1"}
-    result, record = selectors(run_python, pods("lupine", **H100), **user)
+    run = run_python(pods("lupine", **H100), GUARD_THEN_ENV, user)
+    result, record = run.result, run.record_of(run.result["pid"])
     disabled = result["env"]["VLLM_DISABLED_KERNELS"].split(",")
     assert disabled[:2] == ["ExllamaLinearKernel", "ConchLinearKernel"] and "MacheteLinearKernel" in disabled
     assert result["env"]["VLLM_USE_DEEP_GEMM"] == "0"
@@ -112,12 +123,19 @@ def test_gemm_portable_forces_cp_async_paths_even_with_an_encoder(pods, run_pyth
 def test_gemm_hopper_and_auto_keep_the_tma_path_on_a_complete_driver(pods, run_python) -> None:
     """The routing rule measured under `vllm serve` on an H100 (docs/e2e-on-hopper.md, "The routing rule"):
     Machete serves many requests faster than Marlin and one request slower, so `auto` keeps vLLM's Machete
-    and FA3 wherever the encoder is real; Marlin only on request (`latency`, the test above)."""
-    for gemm in ("hopper", "auto"):
-        result, record = selectors(run_python, pods("bare", **H100), TMAGUARD_GEMM=gemm)
-        assert result["w4a16"] == "MacheteLinearKernel" and result["fa"] == 3
-        knobs = {k: v for k, v in record["routing"]["env"].items() if k not in ray_env.ENV_NAMES}
-        assert knobs == {} and record["routing"]["error"] is None  # (a toggle set: carried to Ray workers)
+    and FA3 wherever the encoder is real; Marlin only on request (`latency`, the test above). vLLM's
+    selectors run under `auto`; under `hopper` the guard alone shows the same routing and actions, so what
+    vLLM then sees is the same process (TMAGUARD_GEMM's own value aside, which vLLM never reads)."""
+    pod = pods("bare", **H100)
+    result, record = selectors(run_python, pod, TMAGUARD_GEMM="auto")
+    assert result["w4a16"] == "MacheteLinearKernel" and result["fa"] == 3
+    hopper = run_python(pod, GUARD_ONLY, {"TMAGUARD_GEMM": "hopper"}, records="hopper").last_record()
+    for routed in (record, hopper):
+        knobs = {k: v for k, v in routed["routing"]["env"].items() if k not in ray_env.ENV_NAMES}
+        assert knobs == {} and routed["routing"]["error"] is None  # (a toggle set: carried to Ray workers)
+    same = ("env", "blocked_imports", "disabled_kernels", "overrides")
+    assert {k: hopper["routing"][k] for k in same} == {k: record["routing"][k] for k in same}
+    assert hopper["actions"] == record["actions"] and hopper["problems"] == record["problems"] == []
 
 
 def test_gemm_hopper_stops_start_up_when_tma_is_unusable(pods, run_python) -> None:

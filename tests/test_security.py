@@ -18,7 +18,17 @@ import sys
 from pathlib import Path
 
 import pytest
-from faultkit import RESOLVE, UNDEFINED, Child, collect_all, default_record_dir_at, run_modes
+from faultkit import (
+    GUARD_EFFECTS,
+    GUARD_ONLY,
+    NO_EFFECTS,
+    RESOLVE,
+    UNDEFINED,
+    Child,
+    collect_all,
+    default_record_dir_at,
+    run_modes,
+)
 from podkit import build_pod, scrubbed_environ
 
 from vllm_tmaguard import redaction, trust
@@ -47,11 +57,14 @@ def _mapped(stdout: str) -> list[str]:
 
 
 # Prints every mapped file whose path mentions libcuda or tmaguard, after vLLM's platform import.
-RESOLVE_AND_MAPS = RESOLVE + (
-    "\nmaps = open('/proc/self/maps').read().splitlines()"
+PRINT_MAPS = (
+    "\nimport json\nmaps = open('/proc/self/maps').read().splitlines()"
     "\nprint('MAPPED ' + json.dumps(sorted({l.split(None, 5)[-1] for l in maps"
     " if len(l.split()) == 6 and ('libcuda' in l or 'tmaguard' in l or 'memfd:' in l)})))"
 )
+RESOLVE_AND_MAPS = RESOLVE + PRINT_MAPS
+# The same after the guard alone (its activation as vLLM's import hook runs it): what it loaded.
+GUARD_AND_MAPS = GUARD_ONLY + PRINT_MAPS
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -161,7 +174,7 @@ def _guard_copy(base: Path) -> tuple[Path, Path]:
 
 
 @pytest.mark.parametrize("weakness", ["world-writable directory", "group-writable file", "other owner"])
-def test_untrusted_package_libraries_are_refused(pods, tmp_path: Path, weakness: str) -> None:
+def test_untrusted_package_libraries_are_refused(off_reference, tmp_path: Path, weakness: str) -> None:
     """The package's libraries where someone else could have replaced them: the guard loads none of them,
     and vLLM behaves exactly as without the guard; the line says why. Strict mode stops with the cause."""
     assert weakness != "other owner" or os.geteuid() == 0, "chown to another user needs root"
@@ -177,9 +190,12 @@ def test_untrusted_package_libraries_are_refused(pods, tmp_path: Path, weakness:
         for library in lib.glob("*.so"):
             os.chown(library, NOBODY, NOBODY)
         why = f"libtmaguard_overlay.so is owned by uid {NOBODY}"
-    runs = run_modes(pods("vcuda"), tmp_path / "runs", {"PYTHONPATH": str(top)})
+    # The guard loads nothing: its run is the guard alone, which changes nothing vLLM would meet; the guard
+    # off never meets its own libraries: the pod's reference run (faultkit.shared_reference).
+    pod, off = off_reference("vcuda")
+    runs = run_modes(pod, tmp_path / "runs", {"PYTHONPATH": str(top)}, guard_alone=True, off=off)
     assert runs["off"].outcome["error"].endswith(UNDEFINED)
-    assert runs["guard"].outcome == runs["off"].outcome
+    assert (runs["guard"].returncode, runs["guard"].outcome) == (0, NO_EFFECTS)
     line, problems = runs["guard"].line(), runs["guard"].last_record()["problems"]
     assert "PROBLEM (3): could not load the overlay: refused: " in line and "loaded" not in line
     assert [p["code"] for p in problems] == ["overlay-failed", "shim-failed", "shim-failed"]
@@ -216,8 +232,13 @@ def test_a_record_directory_that_is_not_ours_alone_is_refused(pods, tmp_path: Pa
     default = tmp_path / "default-records"  # the process's /tmp/tmaguard-<uid>
     default.mkdir(mode=0o700)
     prefix = default_record_dir_at(default)
-    run = Child(pod, RESOLVE_AND_MAPS, tmp_path / "run", prefix=prefix, record_dir=records).collect(240)
-    assert run.outcome == {"platform": "NvmlCudaPlatform"}
+    # What the guard loads and writes is decided in its activation: vLLM's start in the first case, the
+    # guard alone in the others.
+    starts_vllm = weakness == "mode 0755"
+    code = RESOLVE_AND_MAPS if starts_vllm else GUARD_AND_MAPS
+    run = Child(pod, code, tmp_path / "run", prefix=prefix, record_dir=records).collect(240)
+    if starts_vllm:
+        assert run.outcome == {"platform": "NvmlCudaPlatform"}
     line = run.line()
     pid = line.split("pid=", 1)[1].split(")", 1)[0]
     # The cause is clipped to fit the line; where the record went instead never is (the operator looks there).
@@ -291,13 +312,18 @@ def test_tmaguard_root_never_makes_the_guard_load_a_file(tmp_path: Path, standin
     hidden.mkdir()
     for name in ("libcuda.so.1", pod.real_driver.name):
         shutil.move(pod.lib_dir / name, hidden / name)  # only NVML stays on LD_LIBRARY_PATH
+    # The guard loads nothing: its run is the guard alone, which changes nothing vLLM would meet (faultkit),
+    # no libcuda.so.1 mapped included.
     children = {
-        mode: Child(pod, RESOLVE_AND_MAPS, tmp_path / mode, env)
-        for mode, env in (("off", {"TMAGUARD_MODE": "off"}), ("guard", {}))
+        mode: Child(pod, code, tmp_path / mode, env)
+        for mode, code, env in (
+            ("off", RESOLVE_AND_MAPS, {"TMAGUARD_MODE": "off"}),
+            ("guard", GUARD_EFFECTS + PRINT_MAPS, {}),
+        )
     }
     runs = collect_all(children, 240)
     assert "libcuda.so.1: cannot open shared object file" in runs["off"].outcome["error"]
-    assert runs["guard"].outcome == runs["off"].outcome
+    assert (runs["guard"].returncode, runs["guard"].outcome) == (0, NO_EFFECTS)
     line, problems = runs["guard"].line(), runs["guard"].last_record()["problems"]
     refused = f"libcuda.so.1 ({hidden}/libcuda.so.1) was found under TMAGUARD_ROOT={pod.root}"
     assert f"PROBLEM: {refused[:40]}" in line and "fix: unset TMAGUARD_ROOT" in line
@@ -402,8 +428,9 @@ def test_record_and_line_carry_no_secret(tmp_path: Path, standins, log_format: s
     environment appears (the record never includes the environment)."""
     pod = build_pod(tmp_path / SECRET, "vcuda")
     env = {**_secret_env(), "TMAGUARD_LOG_FORMAT": log_format}
-    run = Child(pod, RESOLVE, tmp_path / "run", env).collect(240)
-    assert run.outcome == {"platform": "NvmlCudaPlatform"}
+    # vLLM's start (its own output checked too) in the text case; the JSON line's, the guard alone.
+    run = Child(pod, RESOLVE if log_format == "text" else GUARD_ONLY, tmp_path / "run", env).collect(240)
+    assert log_format != "text" or run.outcome == {"platform": "NvmlCudaPlatform"}
     line = run.line()
     written = (run.record_dir / "last.json").read_text()
     for text in (line, written, run.stderr):

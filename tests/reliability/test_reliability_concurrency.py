@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from faultkit import RESOLVE, Child
+from faultkit import GUARD_ONLY, RESOLVE, Child
 from podkit import expected_descriptor
 
 FIRST_ENCODES = r"""
@@ -107,16 +107,28 @@ def test_activation_from_many_threads_is_one_activation(pods, tmp_path: Path) ->
     run.line()  # exactly one record line
 
 
+# The guard alone, as vLLM's import hook runs it, then which overlay file the process mapped.
+GUARD_AND_OVERLAY = GUARD_ONLY + (
+    "import json\nmaps = open('/proc/self/maps').read().splitlines()\n"
+    "print('RESULT ' + json.dumps({'overlay': sorted({l.split()[-1] for l in maps if '/overlay-' in l})}))\n"
+)
+
+
 def test_concurrent_vllm_processes_share_the_record_directory(pods, tmp_path: Path) -> None:
-    """Eight vLLM processes start at once with one TMAGUARD_RECORD_DIR, empty at first. Each activates once
-    (one line, its own pid) and starts; meanwhile the shared files are read over and over: never a partial
-    file. Afterwards: one overlay file holding exactly the overlay image, one valid scan cache, a valid
-    last.json from one of the processes, no temporary file left, every directory 0700."""
+    """Eight processes start at once with one TMAGUARD_RECORD_DIR, empty at first. Each activates once
+    (one line, its own pid) and loads the overlay file they share; two of them start vLLM on it, the
+    other six are the guard alone (the record directory is shared in the activation, which vLLM's import
+    hook runs first thing: all eight activate together); meanwhile the shared files are read over and over:
+    never a partial file. Afterwards: one overlay file holding exactly the overlay image, one valid scan
+    cache, a valid last.json from one of the processes, no temporary file left, every directory 0700."""
     from vllm_tmaguard.stages.overlay import overlay_image
 
     pod = pods("vcuda")
     records = tmp_path / "shared-records"
-    children = [Child(pod, RESOLVE, tmp_path / f"run-{n}", record_dir=records) for n in range(8)]
+    children = [
+        Child(pod, RESOLVE if n < 2 else GUARD_AND_OVERLAY, tmp_path / f"run-{n}", record_dir=records)
+        for n in range(8)
+    ]
     reads, bad = [0], []
     finished = threading.Event()
 
@@ -142,9 +154,14 @@ def test_concurrent_vllm_processes_share_the_record_directory(pods, tmp_path: Pa
         watcher.join()
     assert bad == [] and reads[0] > 0
     pids = set()
-    for run in results:
-        assert run.outcome == {"platform": "NvmlCudaPlatform"}, run.stdout + run.stderr
+    (overlay_file,) = records.glob("overlay-*/libcuda.so.1")
+    for n, run in enumerate(results):
+        if n < 2:
+            assert run.outcome == {"platform": "NvmlCudaPlatform"}, run.stdout + run.stderr
+        else:
+            assert run.outcome == {"overlay": [str(overlay_file)]}, run.stdout + run.stderr
         line = run.line()
+        assert "overlay loaded" in line, line
         pids.add(int(line.split("pid=", 1)[1].split(")", 1)[0]))
     assert len(pids) == 8
     last = json.loads((records / "last.json").read_text())

@@ -15,12 +15,14 @@ from pathlib import Path
 import pytest
 from faultkit import (
     GUARD_DIR,
+    GUARD_ONLY,
     MODES,
     RESOLVE,
     UNDEFINED,
     VLLM_DIR,
     Child,
     assert_as_without,
+    assert_strict_goes_on,
     assert_strict_stops,
     collect_all,
     no_proc,
@@ -44,17 +46,18 @@ def test_libcuda_corrupted(pods, tmp_path: Path, damage: str) -> None:
     CUDA libraries (inside `import vllm`); random bytes fail vLLM's extension import ("invalid ELF
     header"). The guard runs before torch, names the file and loads nothing (it must not pick a later
     libcuda.so.1 the loader would never reach); the outcome is the same crash or the same ImportError. In
-    strict mode it does better than a crash: start-up stops with the cause."""
+    strict mode it does better than a crash: start-up stops with the cause. (The guard's run: the guard
+    alone, which loads nothing: faultkit.)"""
     pod = pods("vcuda", nvml_is_layer=False)
     layer = pod.lib_dir / "libcuda.so.1"
     data = layer.read_bytes()[:4000] if damage == "truncated" else os.urandom(65536)
     _replace(layer, data)
-    runs = run_modes(pod, tmp_path)
+    runs = run_modes(pod, tmp_path, guard_alone=True)
     if damage == "truncated":
         assert runs["off"].returncode == -signal.SIGBUS
     else:
         assert "libcuda.so.1: invalid ELF header" in runs["off"].outcome["error"]
-    line = assert_as_without(runs, f"PROBLEM: {layer} is unreadable")
+    line = assert_as_without(runs, f"PROBLEM: {layer} is unreadable", guard_alone=True)
     assert "WARNING" in line and "loaded" not in line
     assert_strict_stops(runs["strict"], f"{layer} is unreadable")
 
@@ -69,9 +72,10 @@ def test_libcuda_corrupted_with_another_one_later_on_the_path(pods, tmp_path: Pa
     # An x86-64 ELF header (the loader does not pass over it) followed by garbage.
     header = b"\x7fELF\x02\x01\x01" + bytes(9) + (3).to_bytes(2, "little") + (62).to_bytes(2, "little")
     (broken / "libcuda.so.1").write_bytes(header + os.urandom(4000))
-    runs = run_modes(pod, tmp_path / "runs", {"LD_LIBRARY_PATH": f"{broken}:{pod.lib_dir}"})
+    env = {"LD_LIBRARY_PATH": f"{broken}:{pod.lib_dir}"}
+    runs = run_modes(pod, tmp_path / "runs", env, guard_alone=True)  # the guard loads nothing: faultkit
     assert "libcuda.so.1" in runs["off"].outcome["error"]
-    line = assert_as_without(runs, f"PROBLEM: {broken}/libcuda.so.1 is unreadable")
+    line = assert_as_without(runs, f"PROBLEM: {broken}/libcuda.so.1 is unreadable", guard_alone=True)
     assert "overlay" not in line
     libcuda = runs["guard"].last_record()["libcuda"]
     assert (libcuda["path"], libcuda["how"]) == (f"{broken}/libcuda.so.1", "LD_LIBRARY_PATH")
@@ -84,9 +88,10 @@ def test_libcuda_unreadable(pods, tmp_path: Path) -> None:
     pod = pods("vcuda", nvml_is_layer=False)
     layer = pod.lib_dir / "libcuda.so.1"
     _replace(layer, layer.read_bytes(), 0o000)
-    runs = run_modes(pod, tmp_path, prefix=prefix)
+    runs = run_modes(pod, tmp_path, prefix=prefix, guard_alone=True)  # the guard loads nothing: faultkit
     assert "libcuda.so.1: cannot open shared object file" in runs["off"].outcome["error"]
-    line = assert_as_without(runs, "PROBLEM: libcuda.so.1 not found", f"{layer}: Permission denied")
+    why = f"{layer}: Permission denied"
+    line = assert_as_without(runs, "PROBLEM: libcuda.so.1 not found", why, guard_alone=True)
     assert "WARNING" in line
     assert_strict_stops(runs["strict"], "libcuda.so.1 not found")
 
@@ -132,7 +137,7 @@ def _guard_copy(base: Path) -> tuple[Path, Path]:
 
 
 @pytest.mark.parametrize("damage", ["corrupt", "missing"])
-def test_shim_and_overlay_fail_to_load(pods, tmp_path: Path, damage: str) -> None:
+def test_shim_and_overlay_fail_to_load(off_reference, tmp_path: Path, damage: str) -> None:
     """Every library of the package is random bytes, or gone: the overlay cannot be built, the shims cannot
     be loaded, and vLLM fails exactly as without the guard, with the reasons on the record line."""
     top, lib = _guard_copy(tmp_path)
@@ -141,7 +146,9 @@ def test_shim_and_overlay_fail_to_load(pods, tmp_path: Path, damage: str) -> Non
             library.write_bytes(os.urandom(20000))
         else:
             library.unlink()
-    runs = run_modes(pods("vcuda", nvml_is_layer=False), tmp_path / "runs", {"PYTHONPATH": str(top)})
+    # The guard off never meets its own libraries: the pod's reference run (faultkit.shared_reference).
+    pod, off = off_reference("vcuda", nvml_is_layer=False)
+    runs = run_modes(pod, tmp_path / "runs", {"PYTHONPATH": str(top)}, guard_alone=True, off=off)
     assert runs["off"].outcome["error"].endswith(UNDEFINED)
     if damage == "corrupt":
         overlay_why, shim_why = "does not carry the layer placeholder twice", "invalid ELF header"
@@ -153,12 +160,13 @@ def test_shim_and_overlay_fail_to_load(pods, tmp_path: Path, damage: str) -> Non
         overlay_why,
         f"could not load {lib}/libtmaguard_encoders.so: ",
         shim_why,
+        guard_alone=True,
     )
     assert "WARNING" in line
     assert_strict_stops(runs["strict"], "could not load the overlay", "libtmaguard_encoders.so")
 
 
-def test_read_only_file_system(pods, tmp_path: Path) -> None:
+def test_read_only_file_system(off_reference, tmp_path: Path) -> None:
     """TMAGUARD_RECORD_DIR on a read-only file system (a read-only bind mount). The guard does better than
     "as without": its files go to the default private directory and vLLM starts; the record line says why
     the asked one was refused. Strict mode stops on that, naming the directory."""
@@ -168,12 +176,9 @@ def test_read_only_file_system(pods, tmp_path: Path) -> None:
     default = tmp_path / "default-records"  # the processes' /tmp/tmaguard-<uid>
     default.mkdir(mode=0o700)
     prefix = read_only(mount, default)
-    runs = run_modes(
-        pods("vcuda", nvml_is_layer=False),
-        tmp_path / "runs",
-        {"TMAGUARD_RECORD_DIR": str(records)},
-        prefix=prefix,
-    )
+    # The guard off never meets its record directory: the pod's reference run (faultkit.shared_reference).
+    pod, off = off_reference("vcuda", nvml_is_layer=False)
+    runs = run_modes(pod, tmp_path / "runs", {"TMAGUARD_RECORD_DIR": str(records)}, prefix=prefix, off=off)
     assert runs["off"].outcome["error"].endswith(UNDEFINED)
     assert runs["guard"].outcome == {"platform": "NvmlCudaPlatform"}
     line = runs["guard"].line()
@@ -191,9 +196,12 @@ def test_record_write_failure_after_the_check_is_harmless(pods, tmp_path: Path) 
     records = tmp_path / "records"
     records.mkdir(mode=0o700)
     (records / "last.json").mkdir()
-    runs = run_modes(
-        pods("vcuda", nvml_is_layer=False), tmp_path / "runs", {"TMAGUARD_RECORD_DIR": str(records)}
-    )
+    pod, env = pods("vcuda", nvml_is_layer=False), {"TMAGUARD_RECORD_DIR": str(records)}
+    # Not a fault vLLM meets without the guard (it writes no record): no run with the guard off.
+    children = {
+        mode: Child(pod, RESOLVE, tmp_path / mode, {**env, **MODES[mode]}) for mode in ("guard", "strict")
+    }
+    runs = collect_all(children, 240)
     assert runs["guard"].outcome == {"platform": "NvmlCudaPlatform"}
     line = runs["guard"].line()
     assert f"PROBLEM: could not write the record to {records}" in line
@@ -209,23 +217,33 @@ def test_no_proc(pods, tmp_path: Path) -> None:
     strict mode has no cause to stop on in the first case, and the same cause as with /proc in the second."""
     prefix = no_proc()
     pod = pods("vcuda", nvml_is_layer=False)
-    preload = "import ctypes\nctypes.CDLL('libcuda.so.1')\n" + RESOLVE
+    preload = "import ctypes\nctypes.CDLL('libcuda.so.1')\n"
     runs = {
         name: Child(pod, code, tmp_path / name, env, prefix if "noproc" in name else ())
         for name, code, env in (
             ("noproc", RESOLVE, {}),
             ("noproc-off", RESOLVE, {"TMAGUARD_MODE": "off"}),
-            ("noproc-preload", preload, {}),
-            ("proc-preload", preload, {}),
-            ("noproc-preload-strict", preload, {"TMAGUARD_STRICT": "1"}),
+            ("noproc-preload", preload + RESOLVE, {}),
+            # With /proc, the guard alone: the same decisions make the same process for vLLM.
+            ("proc-preload", preload + GUARD_ONLY, {}),
+            ("noproc-preload-strict", preload + RESOLVE, {"TMAGUARD_STRICT": "1"}),
         )
     }
     done = collect_all(runs, 240)
     assert done["noproc-off"].outcome["error"].endswith(UNDEFINED)
     assert done["noproc"].outcome == {"platform": "NvmlCudaPlatform"}
     assert "INFO" in done["noproc"].line() and "overlay loaded" in done["noproc"].line()
-    assert done["noproc-preload"].outcome == done["proc-preload"].outcome == {"platform": "NvmlCudaPlatform"}
-    assert done["noproc-preload"].last_record()["supplied"] == done["proc-preload"].last_record()["supplied"]
+    assert done["noproc-preload"].outcome == {"platform": "NvmlCudaPlatform"}
+    without, with_proc = done["noproc-preload"].last_record(), done["proc-preload"].last_record()
+    assert without["supplied"] == with_proc["supplied"]
+    assert [(a["kind"], a["target"]) for a in without["actions"]] == [
+        (a["kind"], a["target"]) for a in with_proc["actions"]
+    ]
+    said = [
+        done[name].line().split("] ", 1)[1].split("; details")[0]
+        for name in ("noproc-preload", "proc-preload")
+    ]
+    assert said[0] == said[1]
     line, record = done["noproc-preload"].line(), done["noproc-preload"].last_record()
     assert "shims loaded (encoders, proc-address)" in line and "overlay loaded" not in line
     assert record["libcuda"]["how"] == "mapped"
@@ -257,17 +275,17 @@ def test_loaded_objects_without_proc(monkeypatch) -> None:
     assert all(os.path.exists(f) for f in files)
 
 
-@pytest.mark.parametrize(
-    "library_path",
-    [
-        "::{lib}",  # empty entries: the current directory
-        "{lib}:",  # a trailing separator
-        "/nonexistent/dir:{missing}:{lib}",  # directories that do not exist
-        "usr/local/nvidia/lib64",  # relative to the current directory
-        "./usr/../usr/local/nvidia/lib64;/nowhere",  # '.' and '..', ';' as a separator
-        "{file}:{lib}",  # an entry that is a file, not a directory
-    ],
-)
+ODD_LIBRARY_PATHS = [
+    "::{lib}",  # empty entries: the current directory
+    "{lib}:",  # a trailing separator
+    "/nonexistent/dir:{missing}:{lib}",  # directories that do not exist
+    "usr/local/nvidia/lib64",  # relative to the current directory
+    "./usr/../usr/local/nvidia/lib64;/nowhere",  # '.' and '..', ';' as a separator
+    "{file}:{lib}",  # an entry that is a file, not a directory
+]
+
+
+@pytest.mark.parametrize("library_path", ODD_LIBRARY_PATHS)
 def test_odd_library_path_entries(pods, tmp_path: Path, library_path: str) -> None:
     """Odd LD_LIBRARY_PATH entries are not a fault: the guard resolves libcuda.so.1 to the file the loader
     then maps (checked in /proc/self/maps after vLLM's import), supplies what it lacks, and vLLM starts, as
@@ -281,14 +299,25 @@ def test_odd_library_path_entries(pods, tmp_path: Path, library_path: str) -> No
         "\nprint('MAPPED ' + json.dumps(sorted({l.split()[-1] for l in maps if 'libcuda-control' in l"
         " or l.endswith('/libcuda.so.1')})))"
     )
+    # Strict mode finds nothing to stop on: its vLLM start once (the first case), the guard alone in the
+    # others (faultkit.assert_strict_goes_on).
+    strict_alone = library_path != ODD_LIBRARY_PATHS[0]
     children = {
-        mode: Child(pod, code, tmp_path / mode, {"LD_LIBRARY_PATH": odd, **extra}, cwd=pod.root)
+        mode: Child(
+            pod,
+            GUARD_ONLY if strict_alone and mode == "strict" else code,
+            tmp_path / mode,
+            {"LD_LIBRARY_PATH": odd, **extra},
+            cwd=pod.root,
+        )
         for mode, extra in MODES.items()
     }
     runs = collect_all(children, 240)
     assert runs["off"].outcome["error"].endswith(UNDEFINED)
-    for mode in ("guard", "strict"):
+    for mode in ("guard", "strict") if not strict_alone else ("guard",):
         assert runs[mode].outcome == {"platform": "NvmlCudaPlatform"}, runs[mode].stdout
+    if strict_alone:
+        assert_strict_goes_on(runs["strict"], runs["guard"])
     record = runs["guard"].last_record()
     assert os.path.samefile(record["libcuda"]["path"], pod.lib_dir / "libcuda.so.1")
     assert record["libcuda"]["how"] == "LD_LIBRARY_PATH" and record["problems"] == []
@@ -301,8 +330,10 @@ def test_library_path_with_a_token_the_guard_cannot_expand(pods, tmp_path: Path)
     not: the guard cannot tell which libcuda.so.1 the loader takes, so it supplies nothing (it must not
     put its overlay in front of a file the loader might not load) and vLLM behaves exactly as without it."""
     pod = pods("vcuda", nvml_is_layer=False)
-    runs = run_modes(pod, tmp_path, {"LD_LIBRARY_PATH": f"$ORIGIN/../nvidia:{pod.lib_dir}"})
+    env = {"LD_LIBRARY_PATH": f"$ORIGIN/../nvidia:{pod.lib_dir}"}
+    runs = run_modes(pod, tmp_path, env, guard_alone=True)  # the guard loads nothing: faultkit
     assert runs["off"].outcome["error"].endswith(UNDEFINED)
-    line = assert_as_without(runs, "PROBLEM: libcuda.so.1 not found", "$ORIGIN/../nvidia: the loader expands")
+    causes = ("PROBLEM: libcuda.so.1 not found", "$ORIGIN/../nvidia: the loader expands")
+    line = assert_as_without(runs, *causes, guard_alone=True)
     assert "loaded" not in line
     assert_strict_stops(runs["strict"], "libcuda.so.1 not found")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from faultkit import MODES, RESOLVE, Child, run_modes
+from faultkit import MODES, RESOLVE, Child, assert_strict_goes_on, run_modes
 
 
 def _same_record_as_with_nvml(runs) -> str:  # type: ignore[no-untyped-def]
@@ -26,17 +26,19 @@ def test_nvml_missing(pods, tmp_path: Path) -> None:
     loaded all the same: harmless, nothing imports the extension)."""
     pod = pods("vcuda", nvml_is_layer=False)
     (pod.lib_dir / "libnvidia-ml.so.1").unlink()
-    runs = run_modes(pod, tmp_path)
+    runs = run_modes(pod, tmp_path, strict_alone=True)
     assert runs["off"].outcome == runs["guard"].outcome == {"platform": "UnspecifiedPlatform"}
     _same_record_as_with_nvml(runs)
-    assert runs["strict"].outcome == runs["off"].outcome  # nothing for strict mode to stop on
+    assert_strict_goes_on(runs["strict"], runs["guard"])  # nothing for strict mode to stop on
 
 
 def test_nvml_erroring(pods, tmp_path: Path) -> None:
     """nvmlInit fails (NVML_ERROR_UNKNOWN, as a broken driver install answers)."""
-    runs = run_modes(pods("vcuda", nvml_is_layer=False), tmp_path, {"STANDIN_NVML_FAIL": "999"})
+    pod = pods("vcuda", nvml_is_layer=False)
+    runs = run_modes(pod, tmp_path, {"STANDIN_NVML_FAIL": "999"}, strict_alone=True)
     assert runs["off"].outcome == runs["guard"].outcome == {"platform": "UnspecifiedPlatform"}
     _same_record_as_with_nvml(runs)
+    assert_strict_goes_on(runs["strict"], runs["guard"])
 
 
 NVML_HANGS = "standin-nvml: nvmlInit hangs"  # what the stand-in says as it blocks (tests/csrc/standin_nvml.c)
