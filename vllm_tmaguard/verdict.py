@@ -156,16 +156,23 @@ def _shaped(entry: Any) -> bool:
             isinstance(process["library"], str) and isinstance(process["env"], dict)
             and isinstance(process["env_names"], list) and isinstance(process["env_prefixes"], list)
             and all(isinstance(n, str) for n in [*process["env_names"], *process["env_prefixes"]])
-            and all(isinstance(f, list) and len(f) == 3 and isinstance(f[1], str) for f in entry["files"])
+            and isinstance(entry["files"], list)
+            and all(_row(f, 3) and isinstance(f[1], str) for f in entry["files"])
             and isinstance(entry["record"], dict) and isinstance(entry["record"].get("pid"), int)
             and entry["log_format"] in ("text", "json") and isinstance(entry["secret_min"], int)
-            and all(isinstance(p, str) and isinstance(g, bool) for p, g, _ in redo["load"])
+            and isinstance(redo["load"], list) and isinstance(redo["args"], list)
+            and all(_row(r, 3) and isinstance(r[0], str) and isinstance(r[1], bool) for r in redo["load"])
             and all(isinstance(k, str) and isinstance(v, str) for k, v in redo["env"].items())
             and isinstance(redo["block"], list) and all(isinstance(m, str) for m in redo["block"])
-            and all(isinstance(f, str) and isinstance(v, str) for f, v in redo["args"])
+            and all(_row(r, 2) and isinstance(r[0], str) and isinstance(r[1], str) for r in redo["args"])
         )  # fmt: skip
     except (KeyError, TypeError, ValueError, AttributeError):
         return False
+
+
+def _row(value: Any, length: int) -> bool:
+    """A list of `length` items, as json writes a tuple (a string of that length would unpack as well)."""
+    return isinstance(value, list) and len(value) == length
 
 
 def load_entries(directory: str) -> list[dict[str, Any]]:
