@@ -12,7 +12,7 @@ from typing import Any
 
 from .. import __version__, files
 from ..issue import LAST_RECORD
-from ..stages.catalogue import SHIM_FILES, overlay_path, shim_path
+from ..stages.catalogue import PACKAGE_DIR, SHIM_FILES, overlay_path, shim_path
 from ..stages.scan_cache import CACHE_PREFIX, CACHE_SUFFIX
 from ..stages.store import record_dir_to_read
 from ..stages.supply import Supply
@@ -40,8 +40,7 @@ def guard_hooks(
 ) -> dict[str, Any]:
     """Whether the guard runs in vLLM processes started here (its entry point, its .pth hook), and what it
     would load there."""
-    package_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    site = os.path.realpath(os.path.dirname(package_dir))
+    site = os.path.realpath(os.path.dirname(PACKAGE_DIR))
     entry_point = None
     try:
         names = files.listdir(site)
@@ -70,7 +69,7 @@ def guard_hooks(
         )
     return {
         "version": __version__,
-        "package_dir": package_dir,
+        "package_dir": PACKAGE_DIR,
         "platform_plugin": entry_point,
         "vllm_plugins": plugins_filter,
         "platform_plugin_runs": plugin_runs,

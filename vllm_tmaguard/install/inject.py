@@ -22,6 +22,7 @@ from importlib import metadata
 from typing import NamedTuple
 
 from .. import files, trust
+from ..stages.catalogue import PACKAGE_DIR
 
 DISTRIBUTION = "vllm-tmaguard"
 _FILE_LIMIT = 64 << 20
@@ -173,7 +174,7 @@ def place_in_venv(entries: Iterable[Entry], venv_dir: str) -> Placed:
 
 def inject(target: str, venv: bool = False) -> Placed:
     """Places the installed package in `target` (created if absent), or in the venv `target`."""
-    entries = installed_entries(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
+    entries = installed_entries(os.path.realpath(PACKAGE_DIR))
     return place_in_venv(entries, target) if venv else place(entries, target)
 
 

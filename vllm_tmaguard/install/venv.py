@@ -39,7 +39,6 @@ class VenvError(ValueError):
 
 
 class Venv(NamedTuple):
-    path: str  # as named
     site_packages: str
     bin: str
     python: str  # bin/python, absolute: what a console script's first line names
@@ -109,7 +108,7 @@ def find(venv: str) -> Venv:
     python = os.path.join(os.path.abspath(venv), "bin", "python")
     if not files.exists(python):
         raise VenvError(f"{venv}: not a virtual environment: no bin/python (or a dead link) ({EXPECTED})")
-    return Venv(venv, os.path.join(lib, chosen, "site-packages"), os.path.join(venv, "bin"), python)
+    return Venv(os.path.join(lib, chosen, "site-packages"), os.path.join(venv, "bin"), python)
 
 
 def others_installed(names: Iterable[str], dist_info: str) -> list[str]:
