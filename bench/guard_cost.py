@@ -8,13 +8,13 @@ Each sample is a fresh process: it imports those modules, then times `import vll
 first process (an empty record directory: the full run with cold scan and verdict caches) and a later one
 (the record directory the first filled: the verdict cache's replay, docs/design.md §4.1).
 
-usage: python bench/guard_cost.py [--runs N] [--here] [--baseline SITE]
+usage: python bench/guard_cost.py [--runs N] [--here] [--baseline [LABEL=]SITE ...]
   --here: measure this process's environment as it is (on a GPU host, or inside a pod) instead of the
           emulated pods; prints the table and writes nothing.
-  --baseline SITE: also measure the package installed in SITE (e.g. an earlier commit:
+  --baseline [LABEL=]SITE: also measure the package installed in SITE (e.g. an earlier commit:
           `git worktree add /tmp/base <commit> && pip install --no-deps --no-build-isolation --target
-          /tmp/base-site /tmp/base`), each of its processes alternating with this build's, so both rows come
-          from the same minutes of the same machine."""
+          /tmp/base-site /tmp/base`), each of its processes alternating with this build's, so the rows come
+          from the same minutes of the same machine; repeatable (LABEL names the rows, e.g. the commit)."""
 
 from __future__ import annotations
 
@@ -78,14 +78,23 @@ def one_process(env: dict[str, str], preload: str) -> dict:
     return json.loads(line.removeprefix("RESULT "))
 
 
-def measure(setting: str, env: dict[str, str], runs: int, baseline: str | None = None) -> list[dict]:
-    """The rows of one setting: its pods' first processes, and their later ones; with a baseline (another
-    build of the package, first on PYTHONPATH), the same for it, each of its processes alternating with
-    this build's, so both see the same machine."""
+def baseline_builds(baselines: list[str], env: dict[str, str]) -> dict[str, dict[str, str]]:
+    """Each row label's environment: this build's (""), then each baseline's ([LABEL=]SITE), its site first
+    on PYTHONPATH, before what the pod's processes import besides (vLLM's tree)."""
     builds: dict[str, dict[str, str]] = {"": {}}
-    if baseline:  # first on the path, before what the pod's processes import besides (vLLM's tree)
-        behind = env.get("PYTHONPATH", "")
-        builds[" (baseline)"] = {"PYTHONPATH": f"{baseline}{os.pathsep}{behind}" if behind else baseline}
+    behind = env.get("PYTHONPATH", "")
+    for baseline in baselines:
+        label, _, site = baseline.rpartition("=")
+        name = f" (baseline {label})" if label else " (baseline)"
+        builds[name] = {"PYTHONPATH": f"{site}{os.pathsep}{behind}" if behind else site}
+    return builds
+
+
+def measure(setting: str, env: dict[str, str], runs: int, baselines: list[str] = ()) -> list[dict]:
+    """The rows of one setting: its pods' first processes, and their later ones; with baselines (other
+    builds of the package, first on PYTHONPATH), the same for each, their processes alternating with this
+    build's, so all see the same machine."""
+    builds = baseline_builds(list(baselines), env)
     firsts: dict[str, list[dict]] = {name: [] for name in builds}
     laters: dict[str, list[dict]] = {name: [] for name in builds}
     with tempfile.TemporaryDirectory() as base:
@@ -140,7 +149,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--here", action="store_true")
-    parser.add_argument("--baseline", metavar="SITE", help="another build of the package, measured alongside")
+    parser.add_argument("--baseline", metavar="[LABEL=]SITE", action="append", default=[],
+                        help="another build of the package, measured alongside (repeatable)")
     args = parser.parse_args()
     if args.here:
         rows = measure("this process's environment", dict(os.environ), args.runs, args.baseline)
@@ -169,8 +179,9 @@ def main() -> None:
         "## Guard cost per process: import plus activation",
         "",
         f"Command: `.venv/bin/python bench/guard_cost.py --runs {args.runs}"
-        + (" --baseline SITE`, SITE holding the package of the commit before (the rows marked baseline, "
-           "each of its processes alternating with this build's)" if args.baseline else "`")
+        + "".join(f" --baseline {b}" for b in args.baseline) + "`"
+        + (", each SITE holding an earlier commit's package (the rows marked baseline, each of its processes "
+           "alternating with this build's)" if args.baseline else "")
         + " (this CPU machine, emulated "
         "pods; the Hopper rows are in docs/real-layers.md). Each sample is a fresh process that first "
         "imports the standard-library modules vLLM's platform import loads, then times `import "

@@ -16,7 +16,7 @@ GUARD_AS_SERVER = """
 import json, sys
 sys.argv = ["/usr/local/bin/vllm", "serve", "MODEL"]
 from vllm_tmaguard.guard import activate
-from vllm_tmaguard.line import level_of
+from vllm_tmaguard.issue import level_of
 record = activate("test")
 print("RESULT " + json.dumps(None if record is None else {**record, "level": level_of(record)}))
 """

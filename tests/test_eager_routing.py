@@ -14,8 +14,8 @@ from pathlib import Path
 
 from test_routing import GUARD_ONLY, H100, selectors  # vLLM's real selectors in a fresh process
 
-from vllm_tmaguard.launch import eager_flag
 from vllm_tmaguard.launch_file import MAX_BYTES, process_eager_flag
+from vllm_tmaguard.process import eager_flag
 from vllm_tmaguard.stages import ray_env
 
 ROUND_TRIPS = "sends every driver call to its server and vLLM runs eager"

@@ -143,7 +143,7 @@ def test_complete_libcuda_loads_nothing_and_says_so(pods, run_python, kind: str)
 def test_no_gpu_is_silent_but_for_one_debug_line(pods, run_python) -> None:
     quiet = run_python(pods("nogpu"), RESOLVE_PLATFORM)
     assert quiet.guard_lines() == [] and quiet.stderr.count("tmaguard") == 0
-    # The guard's own logger reads VLLM_LOGGING_LEVEL (line.py): its line, the guard alone.
+    # The guard's own logger reads VLLM_LOGGING_LEVEL (issue.py): its line, the guard alone.
     debug = run_python(pods("nogpu"), GUARD_ONLY, {"VLLM_LOGGING_LEVEL": "DEBUG"}, records="debug")
     (line,) = debug.guard_lines()
     assert "DEBUG" in line and "no GPU" in line

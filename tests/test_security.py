@@ -31,7 +31,7 @@ from faultkit import (
 )
 from podkit import build_pod, scrubbed_environ
 
-from vllm_tmaguard import redaction, trust
+from vllm_tmaguard import files, redaction, trust
 from vllm_tmaguard.stages.overlay import overlay_image
 from vllm_tmaguard.stages.toggles import TOGGLES
 
@@ -77,18 +77,18 @@ def test_trusted_paths(tmp_path: Path) -> None:
     library = safe / "lib.so"
     library.write_bytes(b"x")
     library.chmod(0o755)
-    assert trust.path_problem(str(library)) is None
+    assert files.path_problem(str(library)) is None
     assert trust.trusted_file(str(library)) == str(library.resolve())
 
     library.chmod(0o775)
     assert "lib.so is writable by group 0 (mode 0775), which this package's own code is not" in (
-        trust.path_problem(str(library))
+        files.path_problem(str(library))
     )
     library.chmod(0o755)
     safe.chmod(0o777)
-    assert f"{safe} is writable by group 0 (mode 0777)" in trust.path_problem(str(library))
+    assert f"{safe} is writable by group 0 (mode 0777)" in files.path_problem(str(library))
     safe.chmod(0o1777)  # a sticky directory, like /tmp: nobody else can replace what is in it
-    assert trust.path_problem(str(library)) is None
+    assert files.path_problem(str(library)) is None
     safe.chmod(0o755)
 
     link = tmp_path / "link.so"
@@ -108,10 +108,10 @@ def test_paths_owned_by_another_user_are_not_trusted(tmp_path: Path) -> None:
     library = directory / "lib.so"
     library.write_bytes(b"x")
     os.chown(library, NOBODY, NOBODY)
-    assert f"lib.so is owned by uid {NOBODY} (neither root nor this user)" in trust.path_problem(str(library))
+    assert f"lib.so is owned by uid {NOBODY} (neither root nor this user)" in files.path_problem(str(library))
     os.chown(library, 0, 0)
     os.chown(directory, NOBODY, NOBODY)
-    assert f"{directory} is owned by uid {NOBODY}" in trust.path_problem(str(library))
+    assert f"{directory} is owned by uid {NOBODY}" in files.path_problem(str(library))
     # A link that someone else planted in a sticky directory (/tmp) to a file of ours is theirs.
     sticky = tmp_path / "sticky"
     sticky.mkdir()
@@ -120,7 +120,7 @@ def test_paths_owned_by_another_user_are_not_trusted(tmp_path: Path) -> None:
     planted = sticky / "lib.so"
     planted.symlink_to(library)
     os.lchown(planted, NOBODY, NOBODY)
-    assert f"{planted} is owned by uid {NOBODY}" in trust.path_problem(str(planted))
+    assert f"{planted} is owned by uid {NOBODY}" in files.path_problem(str(planted))
 
 
 def test_private_directories_are_created_0700_with_their_parents(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from .codes import EXIT_FINDINGS, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE
-from .line import printable
+from .issue import printable
 from .redaction import redact
 from .stages.toggles import Toggles, read_toggles
 
@@ -49,7 +49,7 @@ def _echo(text: str, err: bool = False) -> None:
 def check(as_json: bool = typer.Option(False, "--json", help="print the record as JSON")) -> None:
     """What the guard would find and do in a vLLM process started here (changes nothing, loads nothing,
     calls nothing of the layer's). Exit status 1 where the guard would log a warning or an error."""
-    from .line import level_of, render
+    from .issue import level_of, render
     from .stages.preview import preview
 
     toggles = _toggles()

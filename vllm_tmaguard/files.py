@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import json
 import os
 import stat as stat_module
@@ -462,6 +463,83 @@ def read_private_json(directory_path: str, name: str, limit: int = PRIVATE_JSON_
 def default_record_dir() -> str:
     """TMAGUARD_RECORD_DIR's default."""
     return f"/tmp/tmaguard-{os.getuid()}"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Path trust (docs/SECURITY.md; trust.py applies it): a library the guard loads may be as writable as the
+# package code that loads it, never more. Whoever can change a path is the owner of each of its components,
+# and the group and others where a component is writable by them (a directory with the sticky bit, like /tmp,
+# may be world-writable: nobody else can rename or replace its entries there). Here, beside the door's other
+# checks: a replay that loads a library asks it again in every vLLM process.
+
+
+def _changers(info: os.stat_result, last: bool) -> dict[str, str]:
+    """Who besides root can change a path through this component: {principal: how}."""
+    mode = info.st_mode
+    owner = info.st_uid
+    changers = {} if owner == 0 else {f"uid {owner}": f"owned by uid {owner} (neither root nor this user)"}
+    if stat_module.S_ISLNK(mode) or (stat_module.S_ISDIR(mode) and mode & stat_module.S_ISVTX and not last):
+        return changers  # a link's mode means nothing; a sticky directory's entries are their owners' alone
+    octal = f"mode {stat_module.S_IMODE(mode):04o}"
+    if mode & 0o020:
+        changers[f"gid {info.st_gid}"] = f"writable by group {info.st_gid} ({octal})"
+    if mode & 0o002:
+        changers["others"] = f"writable by others ({octal})"
+    return changers
+
+
+def _walk(path: str, private: bool, _links: int = 0) -> list[tuple[str, os.stat_result, bool, bool]] | str:
+    """(component, its lstat, whether it is the last of its path, whether it must be private) for every
+    component as written and, through each symbolic link, as resolved (a link counts as its owner's: in
+    /tmp anyone can plant one); or why a component cannot be read."""
+    if _links > 40:
+        return f"{path}: too many levels of symbolic links"
+    written = os.path.abspath(path)
+    steps: list[tuple[str, os.stat_result, bool, bool]] = []
+    for component in components(written):
+        try:
+            info = lstat(component)
+        except OSError as error:
+            return f"{component}: {error.strerror or error}"
+        last = component == written
+        steps.append((component, info, last, last and private))
+        if stat_module.S_ISLNK(info.st_mode):
+            target = _walk(realpath(component), private and last, _links + 1)
+            if isinstance(target, str):
+                return f"{component} -> {target}"
+            steps += target
+    return steps
+
+
+@functools.cache
+def package_changers() -> frozenset[str]:
+    """Who besides root can change this package's own code (the principals of _changers)."""
+    steps = _walk(os.path.abspath(__file__), private=False)  # this file is the package's code too
+    if isinstance(steps, str):
+        return frozenset()
+    return frozenset(p for _, info, last, _ in steps for p in _changers(info, last))
+
+
+def path_problem(path: str, private: bool = False) -> str | None:
+    """Why `path` is not trusted (None: it is): someone other than root and this user can change it who
+    cannot change this package's code. `private`: nobody but this user may change it, and the last
+    component must be owned by this user and closed to group and others (mode 0700)."""
+    euid = os.geteuid()
+    allowed = {f"uid {euid}"} | (set() if private else package_changers())
+    steps = _walk(path, private)
+    if isinstance(steps, str):
+        return steps
+    for component, info, last, must_be_private in steps:
+        for principal, how in _changers(info, last).items():
+            if principal not in allowed:
+                unlike = "not private to this user" if private else "which this package's own code is not"
+                return f"{component} is {how}, {unlike}"
+        if must_be_private and (info.st_uid != euid or info.st_mode & 0o077):
+            return (
+                f"{component} is not private to this user (owner uid {info.st_uid}, mode "
+                f"{stat_module.S_IMODE(info.st_mode):04o}; needs uid {euid}, mode 0700)"
+            )
+    return None
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -10,8 +10,7 @@ import os
 import threading
 from typing import Any
 
-from .issue import Issued, issue
-from .line import log
+from .issue import Issued, issue, log
 from .verdict import for_process, replay
 
 _lock = threading.Lock()

@@ -1,5 +1,5 @@
 """The vLLM config file a process's command line names (`vllm serve MODEL --config serve.yaml`), read the way
-vLLM reads it (PyYAML's safe loader, a mapping at the top) so that its eager settings count (launch.py).
+vLLM reads it (PyYAML's safe loader, a mapping at the top) so that its eager settings count (process.py).
 
 The file is the operator's, and vLLM opens it right after the guard: the guard must never take it from vLLM or
 wait on it. It reads only a regular file (a FIFO or a device would block, or hand the guard bytes meant for
@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .files import read_shared_file
-from .launch import config_path, eager_flag, memory_settings
+from .process import config_path, eager_flag, memory_settings
 
 MAX_BYTES = 256 << 10
 _SUFFIXES = (".yaml", ".yml")  # vLLM refuses any other (FlexibleArgumentParser.load_config_file)

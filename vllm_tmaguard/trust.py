@@ -15,14 +15,12 @@ be swapped between the check and the load."""
 from __future__ import annotations
 
 import errno
-import functools
 import os
-import stat
 from typing import TYPE_CHECKING
 
 from . import files
 from .codes import FOUND_ON_THE_SYSTEM
-from .files import make_install_dirs, make_private_dirs, tighten
+from .files import make_install_dirs, make_private_dirs, path_problem, tighten
 
 if TYPE_CHECKING:
     from .outcomes import Problem
@@ -35,75 +33,6 @@ class UntrustedPath(OSError):
     def __init__(self, path: str, why: str) -> None:
         self.path, self.why = path, why
         super().__init__(f"refused: {why}")
-
-
-def _changers(info: os.stat_result, last: bool) -> dict[str, str]:
-    """Who besides root can change a path through this component: {principal: how}."""
-    mode = info.st_mode
-    owner = info.st_uid
-    changers = {} if owner == 0 else {f"uid {owner}": f"owned by uid {owner} (neither root nor this user)"}
-    if stat.S_ISLNK(mode) or (stat.S_ISDIR(mode) and mode & stat.S_ISVTX and not last):
-        return changers  # a link's mode means nothing; a sticky directory's entries are their owners' alone
-    octal = f"mode {stat.S_IMODE(mode):04o}"
-    if mode & 0o020:
-        changers[f"gid {info.st_gid}"] = f"writable by group {info.st_gid} ({octal})"
-    if mode & 0o002:
-        changers["others"] = f"writable by others ({octal})"
-    return changers
-
-
-def _walk(path: str, private: bool, _links: int = 0) -> list[tuple[str, os.stat_result, bool, bool]] | str:
-    """(component, its lstat, whether it is the last of its path, whether it must be private) for every
-    component as written and, through each symbolic link, as resolved (a link counts as its owner's: in
-    /tmp anyone can plant one); or why a component cannot be read."""
-    if _links > 40:
-        return f"{path}: too many levels of symbolic links"
-    written = os.path.abspath(path)
-    steps: list[tuple[str, os.stat_result, bool, bool]] = []
-    for component in files.components(written):
-        try:
-            info = files.lstat(component)
-        except OSError as error:
-            return f"{component}: {error.strerror or error}"
-        last = component == written
-        steps.append((component, info, last, last and private))
-        if stat.S_ISLNK(info.st_mode):
-            target = _walk(files.realpath(component), private and last, _links + 1)
-            if isinstance(target, str):
-                return f"{component} -> {target}"
-            steps += target
-    return steps
-
-
-@functools.cache
-def package_changers() -> frozenset[str]:
-    """Who besides root can change this package's own code (the principals of _changers)."""
-    steps = _walk(os.path.abspath(__file__), private=False)
-    if isinstance(steps, str):
-        return frozenset()
-    return frozenset(p for _, info, last, _ in steps for p in _changers(info, last))
-
-
-def path_problem(path: str, private: bool = False) -> str | None:
-    """Why `path` is not trusted (None: it is): someone other than root and this user can change it who
-    cannot change this package's code. `private`: nobody but this user may change it, and the last
-    component must be owned by this user and closed to group and others (mode 0700)."""
-    euid = os.geteuid()
-    allowed = {f"uid {euid}"} | (set() if private else package_changers())
-    steps = _walk(path, private)
-    if isinstance(steps, str):
-        return steps
-    for component, info, last, must_be_private in steps:
-        for principal, how in _changers(info, last).items():
-            if principal not in allowed:
-                unlike = "not private to this user" if private else "which this package's own code is not"
-                return f"{component} is {how}, {unlike}"
-        if must_be_private and (info.st_uid != euid or info.st_mode & 0o077):
-            return (
-                f"{component} is not private to this user (owner uid {info.st_uid}, mode "
-                f"{stat.S_IMODE(info.st_mode):04o}; needs uid {euid}, mode 0700)"
-            )
-    return None
 
 
 def trusted_file(path: str) -> str:

@@ -7,7 +7,7 @@ What a verdict was decided from, observed alike when it is stored and when it is
   1. the process: the environment variables the stages read (LD_LIBRARY_PATH by its effect on the loader's
      search, unless the stages read more of it), the files loaded under the driver's name where one answers
      it, the working directory, the effective user, the interpreter, the vLLM package it would import and
-     the command line's eager flag (launch.py; its --config file's too, launch_file.py);
+     the command line's eager flag (process.py; its --config file's too, launch_file.py);
   2. files: every file input the full run read through the door, with what it looked like as it was read
      (files.Notes: identity, size, modification and change times; a /proc file's content).
 A verdict is replayed whole or not at all: the stored record with this process's pid, time and trigger, the
@@ -26,25 +26,34 @@ from collections.abc import Iterable
 from typing import Any
 
 from . import __version__
-from .files import default_record_dir, observe, private_problem, read_private_json, write_private
-from .issue import Issued, issue
-from .launch import config_path, eager_flag, is_server, memory_settings
-from .line import level_of, render
+from .files import (
+    default_record_dir,
+    observe,
+    path_problem,
+    private_problem,
+    read_private_json,
+    write_private,
+)
+from .issue import Issued, issue, level_of, render
 from .process import (
     LIBRARY_PATH,
     add_arg,
     answering,
     block_import,
+    config_path,
+    eager_flag,
     find_package_dir,
+    is_server,
     load_library,
     mapped_named,
+    memory_settings,
     module_run,
     read_loaded_objects,
     split_library_path,
 )
 
 CACHE_FILE = "verdicts.json"
-_CACHE_FORMAT = 3  # 3: flags added to the command line; 2: the record document alone, inputs as read, ctime
+_CACHE_FORMAT = 4  # 4: variables shown, judged; 3: flags added; 2: the record alone, inputs as read, ctime
 ENTRIES_KEPT = 4  # distinct process environments per pod (the API server's, its workers' after its knobs)
 
 
@@ -72,7 +81,7 @@ def observe_process(library: str, env_names: Iterable[str], env_prefixes: Iterab
         "euid": os.geteuid(),
         "python": [sys.executable, sys.version],
         "vllm": find_package_dir("vllm"),
-        **_command_line(sys.argv),  # eager: routing reads it (launch.py); launch: memory.py
+        **_command_line(sys.argv),  # eager: routing reads it (process.py); launch: memory.py
     }
 
 
@@ -160,6 +169,7 @@ def _shaped(entry: Any) -> bool:
             and all(_row(f, 3) and isinstance(f[1], str) for f in entry["files"])
             and isinstance(entry["record"], dict) and isinstance(entry["record"].get("pid"), int)
             and entry["log_format"] in ("text", "json") and isinstance(entry["secret_min"], int)
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in entry["shown"].items())
             and isinstance(redo["load"], list) and isinstance(redo["args"], list)
             and all(_row(r, 3) and isinstance(r[0], str) and isinstance(r[1], bool) for r in redo["load"])
             and all(isinstance(k, str) and isinstance(v, str) for k, v in redo["env"].items())
@@ -220,26 +230,34 @@ def _matching(entries: list[dict[str, Any]]) -> dict[str, Any] | None:
 def _replayable_here(entry: dict[str, Any], text: str) -> bool:
     """What the stored inputs cannot tell: that no module to block is imported yet, that every library to
     load is still trusted (trust.py: its path's owners and modes, checked again), and that no secret of this
-    process's environment appears in the stored record (`text`: it was redacted against another's). Only
-    the variables the stages do not read (those are the same as the storing process's) whose values appear
-    in it, few or none, are asked whether they are secrets."""
+    process's environment appears in the stored record (`text`: it was redacted against another's). Of the
+    variables the stages do not read (those are the same as the storing process's) whose values appear in
+    it, few or none, only those the storing process did not have (its `shown`, each judged no secret by
+    redaction.secret_values, a function of the name and value alone) are asked whether they are secrets."""
     redo = entry["redo"]
     if any(sys.modules.get(module) is not None for module in redo["block"]):
         return False
-    if redo["load"]:
-        from .trust import path_problem
-
-        if any(path_problem(path) is not None for path, _, _ in redo["load"]):
-            return False
-    shortest, same = entry["secret_min"], entry["process"]["env"]
-    appearing = {
-        k: v for k, v in os.environ.items() if k not in same and len(v) >= shortest and _in_json(v, text)
+    if any(path_problem(path) is not None for path, _, _ in redo["load"]):
+        return False
+    judged = entry["shown"]
+    unjudged = {
+        name: value
+        for name, value in shown_variables(text, entry["process"]["env"], entry["secret_min"]).items()
+        if judged.get(name) != value
     }
-    if not appearing:
+    if not unjudged:
         return True
     from .redaction import secret_values
 
-    return not secret_values(appearing)
+    return not secret_values(unjudged)
+
+
+def shown_variables(text: str, same: dict[str, str], shortest: int) -> dict[str, str]:
+    """This process's environment variables other than `same` (the stages' inputs) whose values, at least
+    `shortest` characters long, appear in the record `text` (JSON): few or none (LD_LIBRARY_PATH's
+    directories, say)."""
+    environ = os.environ
+    return {k: v for k, v in environ.items() if k not in same and len(v) >= shortest and _in_json(v, text)}
 
 
 def _in_json(value: str, text: str) -> bool:

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from vllm_tmaguard import files, verdict
 from vllm_tmaguard.doctor.hooks import read_record
 from vllm_tmaguard.doctor.record_shape import why_not_a_record
-from vllm_tmaguard.launch import eager_flag
+from vllm_tmaguard.process import eager_flag
 from vllm_tmaguard.stages import gpu, scan_cache
 
 FUZZ = settings(
@@ -144,6 +144,7 @@ ENTRY_SHAPE = {
     "record": {"pid": int},
     "log_format": OneOf(("text", "json")),
     "secret_min": int,
+    "shown": MapOf(str, str),  # the variables the record shows, judged no secret (_replayable_here)
     "redo": {
         "load": ListOf(Row((str, bool, ANY))),  # (path, global scope, the name it must answer)
         "env": MapOf(str, str),
@@ -298,7 +299,7 @@ FLAG_WORDS = st.sampled_from(
 @FUZZ
 @given(argv=st.lists(FLAG_WORDS | st.text(max_size=30), max_size=12))
 def test_any_command_line_gives_an_eager_flag_or_none(argv) -> None:
-    """The process's command line (launch.py) is read by every guarded process: any words, vLLM's flags
+    """The process's command line (process.py) is read by every guarded process: any words, vLLM's flags
     among them, a compilation config nested past JSON's depth, give a flag as written or None."""
     found = eager_flag(["vllm", *argv])
     assert found is None or (isinstance(found, str) and found.split()[0] in argv)

@@ -1,4 +1,4 @@
-"""The record's one line, rendered from its document's fields (line.py): within the limit, the outcome
+"""The record's one line, rendered from its document's fields (issue.py): within the limit, the outcome
 and the first problem's cause and fix always kept, the routing phrase and the record's place dropped first.
 The case that surfaces later as CUBLAS_STATUS_NOT_INITIALIZED (shims where the overlay was needed) is the
 worst one."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from facts_kit import REAL_DRIVER, VCUDA, driver, facts
 
-from vllm_tmaguard.line import MESSAGE_LIMIT, level_of, render
+from vllm_tmaguard.issue import MESSAGE_LIMIT, level_of, render
 from vllm_tmaguard.stages.actions import apply_routing, apply_supply
 from vllm_tmaguard.stages.gpu import Gpu, GpuFacts
 from vllm_tmaguard.stages.layers import Layer

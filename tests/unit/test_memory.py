@@ -7,7 +7,7 @@ import pytest
 from podkit import vcuda_config_bytes
 
 from vllm_tmaguard.codes import COMPAT_BYPASSES_LAYER, MEMORY_FRACTION_TOO_HIGH, MEMORY_UNENFORCED
-from vllm_tmaguard.launch import is_server, memory_settings
+from vllm_tmaguard.process import is_server, memory_settings
 from vllm_tmaguard.stages.compat import plan_compat, switch_on
 from vllm_tmaguard.stages.memory import (
     GIB,

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..codes import EXIT_INTERNAL
 from ..files import discard_into_null, write_private
-from ..line import printable
+from ..issue import printable
 from ..redaction import redact
 from ..stages.store import open_record_dir
 from ..stages.toggles import read_toggles

@@ -7,8 +7,6 @@ its workers) then loads NVIDIA's compat libcuda.so.1 from it and never the layer
 the layer's in a pod whose vCUDA quota is configured is said to be outside the layer, never "no sharing
 layer". Pure functions of the environment, the layers found and the quota read."""
 
-from __future__ import annotations
-
 from collections.abc import Mapping
 from typing import NamedTuple
 

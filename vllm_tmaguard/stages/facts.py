@@ -63,7 +63,7 @@ class Facts(NamedTuple):
     trigger: str
     kernels_listed: frozenset[str] | None  # the routing table's names the installed vLLM lists
     environ: Mapping[str, str]  # the user's settings routing merges with
-    eager: str | None = None  # the command-line flag that makes vLLM run eager (launch.py), if any
+    eager: str | None = None  # the command-line flag that makes vLLM run eager (process.py), if any
 
 
 def probe_driver(environ: Mapping[str, str], root: str) -> DriverFacts:

@@ -8,8 +8,6 @@ limit it leaves 0.64 GiB and the EngineCore dies of `torch.OutOfMemoryError` whi
 Reading the limit is a side effect (a file read through the door: vCUDA's vcuda.config); everything else is a
 pure function of the values read."""
 
-from __future__ import annotations
-
 import math
 import os
 import re
@@ -55,7 +53,7 @@ class MemoryLimit(NamedTuple):
 
 
 class MemoryFlags(NamedTuple):
-    """vLLM's memory settings as the process's command line gives them (launch.py)."""
+    """vLLM's memory settings as the process's command line gives them (process.py)."""
 
     fraction: str | None = None  # --gpu-memory-utilization's value as written
     kv_cache: str | None = None  # --kv-cache-memory-bytes's value as written

@@ -8,8 +8,6 @@ claims nothing about it.
 Rows are (status, entry points) as the entry points are reached: through the CUDA runtime's versioned
 look-ups, dlsym, or the overlay in front of the layer (where the guard loads one)."""
 
-from __future__ import annotations
-
 import os
 from typing import Any, NamedTuple
 

@@ -52,7 +52,7 @@ def write_private(image: bytes, directory: str) -> str:
     real path, checked (trust.py); raises OSError (UntrustedPath, files.Refused included) otherwise."""
     with files.private(directory) as opened:
         target_dir = opened.subdirectory(f"overlay-{hashlib.sha256(image).hexdigest()[:16]}")
-    problem = trust.path_problem(target_dir, private=True)
+    problem = files.path_problem(target_dir, private=True)
     if problem is not None:
         raise trust.UntrustedPath(target_dir, problem)
     if not _holds(target_dir, image):

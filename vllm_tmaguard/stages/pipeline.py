@@ -9,8 +9,6 @@ environment the cache watches (inputs.watched_environ), and every file they read
 which notes it (files.noting): those notes are the verdict's file inputs. Fails open: on its own error the
 guard logs one line and gets out of the way, unless strict mode asks it to stop start-up (guard.py)."""
 
-from __future__ import annotations
-
 import contextlib
 import json
 import os
@@ -26,13 +24,12 @@ from ..codes import (
     ROOT_REFUSED,
     SHIM_FAILED,
 )
-from ..issue import Issued, issue
-from ..line import log
+from ..issue import Issued, issue, log
 from ..outcomes import Action, Problem
-from ..redaction import MIN_SECRET, shows_redaction
+from ..redaction import MIN_SECRET, secret_values, shows_redaction
 from ..stop import stop_for, tell_kubernetes
 from ..trust import probe_root_problem, writable_layer
-from ..verdict import by_effect, observe_process, remember
+from ..verdict import by_effect, observe_process, remember, shown_variables
 from .actions import apply_launch, apply_routing, apply_supply, replay_plan
 from .catalogue import DRIVER_LIBRARY
 from .compat import BYPASSED, bypass_problem, plan_compat
@@ -211,13 +208,18 @@ def _entry(
     """The verdict as the cache keeps it, with what it was decided from (docs/design.md §4.1): the process,
     compared by LD_LIBRARY_PATH's value where the real driver's search read it, else by its effect on the
     loader's search; the files as the door noted them."""
+    compared = process if read_library_path else by_effect(process)
+    shown = shown_variables(json.dumps(issued.document), compared["env"], MIN_SECRET)
+    secret = secret_values(shown)
     return {
-        "process": process if read_library_path else by_effect(process),
+        "process": compared,
         "files": notes.inputs(),
         "record": issued.document,
         "log_format": issued.log_format,
         "redo": replay_plan(actions),
         "secret_min": MIN_SECRET,
+        # The variables whose values the record shows, judged no secret: a replay asks only of others.
+        "shown": {name: value for name, value in shown.items() if value not in secret},
     }
 
 

@@ -9,8 +9,6 @@ and did not map is not in force, whatever its file looks like. A preload file un
 (TMAGUARD_ROOT) is not this process's loader's: its entries are judged by their files alone. Passive: files
 read through the door, the loader's list asked (process.read_loaded_objects), nothing loaded."""
 
-from __future__ import annotations
-
 import errno
 import os
 import sys

@@ -1,9 +1,7 @@
 """The one record per process: a typed value built from the stages' outputs, converted to JSON only where
-it is issued (to_json, schema 2: issue.py writes it, line.py renders the log line from its fields;
+it is issued (to_json, schema 2: issue.py writes it and renders the log line from its fields;
 docs/design.md §4). What a record file must look like to be read back (the doctor, `tmaguard record`):
 record_shape.py."""
-
-from __future__ import annotations
 
 import os
 import time
@@ -146,7 +144,7 @@ _DEGRADING = frozenset(
 
 
 def outcome_of(
-    facts: Facts, gpus: GpuFacts, plan: SupplyPlan, problems: tuple[Problem, ...], apply: bool
+    facts: "Facts", gpus: "GpuFacts", plan: "SupplyPlan", problems: tuple[Problem, ...], apply: bool
 ) -> str:
     if not gpus.present and facts.driver.path is None:
         return NO_GPU
@@ -162,14 +160,14 @@ def outcome_of(
 def assemble(
     trigger: str,
     mode: str,
-    facts: Facts,
-    gpus: GpuFacts,
-    plan: SupplyPlan,
-    route: RoutePlan | None,
+    facts: "Facts",
+    gpus: "GpuFacts",
+    plan: "SupplyPlan",
+    route: "RoutePlan | None",
     actions: tuple[Action, ...],
     problems: tuple[Problem, ...],
     timings_ms: dict[str, float],
-    memory: MemoryPlan | None = None,
+    memory: "MemoryPlan | None" = None,
 ) -> Record:
     """The record of one activation, from the stages' outputs."""
     driver, routing = facts.driver, route.routing if route else None
@@ -242,7 +240,7 @@ def assemble(
     )
 
 
-def _launch_overrides(actions: tuple[Action, ...], memory: MemoryPlan | None) -> list[dict[str, Any]]:
+def _launch_overrides(actions: tuple[Action, ...], memory: "MemoryPlan | None") -> list[dict[str, Any]]:
     """What the guard changed of how vLLM is started (memory.py, compat.py), as routing overrides."""
     from .compat import SWITCH
     from .memory import FRACTION_FLAG, VLLM_DEFAULT_FRACTION

@@ -10,8 +10,6 @@ libcuda.so.1 resolves to (libcuda.so.580.65.06): the library the runtime asks, w
 module only under NVIDIA's forward compatibility (the cuda-compat package). Decided by too_old, a pure
 function of the versions and the GPUs' names."""
 
-from __future__ import annotations
-
 import os
 import re
 from typing import NamedTuple
@@ -207,7 +205,7 @@ def too_old(
     )
 
 
-def driver_problems(facts: Facts, gpus: GpuFacts) -> tuple[Problem, ...]:
+def driver_problems(facts: "Facts", gpus: "GpuFacts") -> tuple[Problem, ...]:
     """too_old for this pod: its kernel module, the file libcuda.so.1 resolves to (a layer's or the guard's
     overlay names no version: the module's is taken), torch's and vLLM's builds."""
     if gpus.driver_version is None or facts.driver.path is None or not facts.vllm.found:

@@ -15,7 +15,6 @@ from .elf import ElfError, read_elf
 from .routing_table import table_for
 
 _VERSION = re.compile(r"""^(?:__version__|version)\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", re.M)
-_RECORD_EXTENSION = re.compile(r"^(vllm/[^,]*\.so),", re.M)
 _PLUGINS_GROUP = ("PLATFORM_PLUGINS_GROUP", "'vllm.platform_plugins'")  # 0.11+ constant; 0.8 - 0.10 literal
 _MODULE_IMPORT = re.compile(r"^import (vllm\._C\w*)", re.M)
 # CUDA driver API names: cu + an upper-case letter (cuda* is the runtime, cufft*/cublas* other libraries).
@@ -82,12 +81,25 @@ def _extension_files(package_dir: str, version: str | None) -> tuple[str, ...]:
     site = os.path.dirname(package_dir)
     record = _dist_info_record(package_dir, version)
     if record is not None:
-        found = [os.path.join(site, f) for f in _RECORD_EXTENSION.findall(record)]
+        found = [os.path.join(site, f) for f in record_extensions(record)]
     else:
         found = []
         for directory, _, names in os.walk(package_dir):
             found.extend(os.path.join(directory, n) for n in names if n.endswith(".so"))
     return tuple(sorted(path for path in found if loadable_here(path)))
+
+
+def record_extensions(record: str) -> list[str]:
+    """The vllm/...so paths a wheel's RECORD lists (`path,hash,size` lines). Found from each ".so," alone:
+    vLLM's RECORD has thousands of lines (700 KB), where a regular expression over every line costs a pod's
+    first process milliseconds and a substring search microseconds."""
+    found, start = [], 0
+    while (end := record.find(".so,", start)) != -1:
+        path = record[record.rfind("\n", 0, end) + 1 : end + 3]
+        if path.startswith("vllm/") and "," not in path:
+            found.append(path)
+        start = end + 4
+    return found
 
 
 def _module_name(package_dir: str, path: str) -> str:
@@ -127,7 +139,21 @@ def names_listed(
     texts = [_read_text(os.path.join(package_dir, relative)) for relative in relatives]
     if None in texts:
         return None
-    return frozenset(n for n in names if any(re.search(rf"\b{n}\b", text) for text in texts))
+    return frozenset(n for n in names if any(_word_in(n, text) for text in texts))
+
+
+def _word_in(word: str, text: str) -> bool:
+    """Whether `word` appears in `text` as a whole word (re's \\b{word}\\b): a pattern compiled per kernel
+    name would cost a pod's first process a millisecond."""
+    start = 0
+    while (at := text.find(word, start)) != -1:
+        end = at + len(word)
+        before = text[at - 1] if at else " "
+        after = text[end] if end < len(text) else " "
+        if not (before.isalnum() or before == "_" or after.isalnum() or after == "_"):
+            return True
+        start = at + 1
+    return False
 
 
 def probe_vllm(package_dir: str | None = None) -> VllmFacts:

@@ -2,11 +2,11 @@
 # One device call: the guard's cost per process (bench/guard_cost.py --here: a pod's first process, the
 # full run with cold caches, alternated with later ones, the verdict's replay) in the real layouts, the
 # package's import included, the standard library a vLLM process loads imported first; then where a later
-# process's time goes (bench/replay_steps.py, step by step). With .dev/base-site.tar.xz carried (another
-# commit's package, `pip install --target`), every process of that build alternates with this one's
-# (--baseline), so both rows come from the same minutes. Results: $OUT/cost.tgz.
+# process's time goes (bench/replay_steps.py, step by step). With .dev/baseline-LABEL.tar.xz carried (another
+# commit's package, `pip install --target`, packed; LABEL names its rows, e.g. the commit), every process of
+# each such build alternates with this one's (--baseline), so all rows come from the same minutes.
 # usage: [LAYERS=...] bash bench/device/real_layers/cost.sh [POD ...]
-#        (repository root; carry .dev/e2e/part1 .dev/thirdparty.tar.xz [.dev/base-site.tar.xz])
+#        (repository root; carry .dev/e2e/part1 .dev/thirdparty.tar.xz [.dev/baseline-*.tar.xz])
 set -uo pipefail
 here=bench/device/real_layers
 out=${OUT:-/tmp}/cost && rm -rf "$out" && mkdir -p "$out"
@@ -15,10 +15,12 @@ bash bench/device/e2e/setup.sh > "$out/setup.log" 2>&1 || { tail -30 "$out/setup
 LAYERS=${LAYERS:-vcuda-master hami-core} bash $here/build.sh > "$out/build.log" 2>&1 ||
   { tail -30 "$out/build.log"; exit 1; }
 baseline=()
-if [ -f .dev/base-site.tar.xz ]; then
-  rm -rf /tmp/base-site && mkdir -p /tmp/base-site && tar -xJf .dev/base-site.tar.xz -C /tmp/base-site
-  baseline=(--baseline /tmp/base-site)
-fi
+for packed in .dev/baseline-*.tar.xz; do  # each an earlier commit's package (pip install --target), by label
+  [ -f "$packed" ] || continue
+  label=$(basename "$packed" .tar.xz); label=${label#baseline-}
+  rm -rf "/tmp/base-$label" && mkdir -p "/tmp/base-$label" && tar -xJf "$packed" -C "/tmp/base-$label"
+  baseline+=(--baseline "$label=/tmp/base-$label")
+done
 export PYTHONPATH=/tmp/e2e/site:/tmp/e2e/v25:$(pwd)/bench/device
 for pod in "${pods[@]}"; do
   timeout 240 bash $here/pod.sh "$pod" -- python3 bench/guard_cost.py --here --runs "${RUNS:-20}" "${baseline[@]}" \
