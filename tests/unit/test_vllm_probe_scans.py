@@ -28,8 +28,11 @@ def test_record_extensions_are_the_expressions_matches(record: str) -> None:
     assert record_extensions(record) == RECORD_EXTENSION.findall(record)
 
 
+TEXTS = st.lists(st.sampled_from(WORD_PIECES), max_size=20).map("".join)
+
+
 @settings(max_examples=500, deadline=None)
-@given(st.sampled_from(["Foo", "Bar", "FooFoo"]), st.lists(st.sampled_from(WORD_PIECES), max_size=20).map("".join))
+@given(st.sampled_from(["Foo", "Bar", "FooFoo"]), TEXTS)
 def test_a_whole_word_is_found_as_the_expression_finds_it(word: str, text: str) -> None:
     assert _word_in(word, text) == bool(re.search(rf"\b{word}\b", text))
 
