@@ -31,7 +31,8 @@ from faultkit import (
 )
 from podkit import build_pod, scrubbed_environ
 
-from vllm_tmaguard import files, redaction, trust
+from vllm_tmaguard import files, redaction
+from vllm_tmaguard.stages import trust
 from vllm_tmaguard.stages.overlay import overlay_image
 from vllm_tmaguard.stages.toggles import TOGGLES
 
@@ -49,7 +50,7 @@ def as_root(test):  # type: ignore[no-untyped-def]
     return run
 
 
-GUARD_DIR = Path(trust.__file__).parent
+GUARD_DIR = Path(files.__file__).parent  # the installed package
 
 
 def _mapped(stdout: str) -> list[str]:

@@ -14,7 +14,6 @@ from facts_kit import REAL_DRIVER, driver, facts
 from vllm_tmaguard import codes
 from vllm_tmaguard.doctor.record_shape import why_not_a_record
 from vllm_tmaguard.metrics import info_labels
-from vllm_tmaguard.outcomes import Problem
 from vllm_tmaguard.stages import preloads
 from vllm_tmaguard.stages.elf import (
     EM_AARCH64,
@@ -29,6 +28,7 @@ from vllm_tmaguard.stages.elf import (
 from vllm_tmaguard.stages.gpu import GpuFacts
 from vllm_tmaguard.stages.layers import Layer, PodEvidence, detect_layers
 from vllm_tmaguard.stages.metering import layer_problems, metering_json
+from vllm_tmaguard.stages.outcomes import Problem
 from vllm_tmaguard.stages.preloads import PreloadFault, judge_preload
 from vllm_tmaguard.stages.record import assemble, outcome_of
 from vllm_tmaguard.stages.supply import plan_supply

@@ -17,7 +17,8 @@ from vllm_tmaguard.stages.vllm_probe import _dist_info_record, _word_in, package
 
 pytestmark = pytest.mark.unit
 
-RECORD_EXTENSION = re.compile(r"^(vllm/[^,]*\.so),", re.M)  # what vllm_probe used before
+# What vllm_probe used before, held to a line ([^,] crossed lines: a RECORD's path never does).
+RECORD_EXTENSION = re.compile(r"^(vllm/[^,\n]*\.so),", re.M)
 PIECES = ["vllm/", "a", "_C", ".so", ",", "\n", ".so.1", "/", "é", "x.abi3", "sha256=", " ", "vllm"]
 WORD_PIECES = ["Foo", "Bar", "_", "x", "1", " ", ".", "(", "é", "\n", "FooFoo"]
 

@@ -4,7 +4,8 @@ put its directory first on LD_LIBRARY_PATH, so every process's dlopen("libcuda.s
 
 from __future__ import annotations
 
-from .. import files, trust
+from .. import files
+from ..stages import trust
 from ..stages.catalogue import OVERLAY_TRIGGERS
 from ..stages.facts import Facts
 from ..stages.overlay import overlay_image

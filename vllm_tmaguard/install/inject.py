@@ -21,7 +21,8 @@ from collections.abc import Iterable, Iterator
 from importlib import metadata
 from typing import NamedTuple
 
-from .. import files, trust
+from .. import files
+from ..stages import trust
 from ..stages.catalogue import PACKAGE_DIR
 
 DISTRIBUTION = "vllm-tmaguard"

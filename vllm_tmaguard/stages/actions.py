@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 
-from .. import trust
 from ..codes import (
     BLOCK_IMPORT,
     IMPORTED_EARLY,
@@ -19,10 +18,10 @@ from ..codes import (
     SET_ENV,
     SHIM_FAILED,
 )
-from ..outcomes import Action, Problem
 from ..process import add_arg, answering, block_import, load_library
-from . import overlay
+from . import overlay, trust
 from .catalogue import DRIVER_LIBRARY, overlay_path, shim_path
+from .outcomes import Action, Problem
 from .routing import Routing
 from .supply import Supply
 

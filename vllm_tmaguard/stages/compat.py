@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import NamedTuple
 
 from ..codes import COMPAT_BYPASSES_LAYER, LAYER_BYPASSED
-from ..outcomes import Problem
+from .outcomes import Problem
 
 SWITCH = "VLLM_ENABLE_CUDA_COMPATIBILITY"
 DIRECTORY = "VLLM_CUDA_COMPATIBILITY_PATH"

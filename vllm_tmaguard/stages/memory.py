@@ -17,8 +17,8 @@ from typing import NamedTuple
 
 from .. import files
 from ..codes import MEMORY_FRACTION_TOO_HIGH, MEMORY_UNENFORCED
-from ..outcomes import Problem
 from .loader import under_root
+from .outcomes import Problem
 
 GIB = 1 << 30
 # Measured on an H100 (driver 580, torch 2.11, vLLM 0.25.1) under vgpu-manager, the CUDA-12 vCUDA fork and

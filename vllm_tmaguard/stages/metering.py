@@ -12,11 +12,11 @@ import os
 from typing import Any, NamedTuple
 
 from ..codes import LAYER_CANNOT_LOAD, LAYER_DAEMON_MISSING, LAYER_NOT_IN_FORCE
-from ..outcomes import Problem
 from . import layers as fingerprints
 from . import preloads
 from .compat import BYPASSED
 from .layers import Layer
+from .outcomes import Problem
 
 # Statuses: memory.
 METERED = "metered"  # counted against the layer's memory quota

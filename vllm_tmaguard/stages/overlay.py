@@ -9,7 +9,8 @@ import contextlib
 import hashlib
 import os
 
-from .. import files, trust
+from .. import files
+from . import trust
 from .catalogue import overlay_path
 from .elf import ElfError, retag_dynamic
 

@@ -25,10 +25,8 @@ from ..codes import (
     SHIM_FAILED,
 )
 from ..issue import Issued, issue, log
-from ..outcomes import Action, Problem
 from ..redaction import MIN_SECRET, secret_values, shows_redaction
 from ..stop import stop_for, tell_kubernetes
-from ..trust import probe_root_problem, writable_layer
 from ..verdict import by_effect, observe_process, remember, shown_variables
 from .actions import apply_launch, apply_routing, apply_supply, replay_plan
 from .catalogue import DRIVER_LIBRARY
@@ -39,6 +37,7 @@ from .inputs import ENV_NAMES, ENV_PREFIXES, watched_environ
 from .layers import LABELS
 from .memory import FRACTION_FLAG, GIVEN_PORTION, MemoryFlags, MemoryPlan, plan_memory, read_limit
 from .metering import NOT_IN_FORCE_CONDITIONS, layer_problems, memory_unlimited
+from .outcomes import Action, Problem
 from .preloads import NOT_LOADED
 from .record import Record, assemble
 from .routing import RoutePlan, plan_routing_after
@@ -46,6 +45,7 @@ from .runtime_cuda import driver_problems
 from .store import RecordDir, open_record_dir
 from .supply import SupplyPlan, plan_supply
 from .toggles import Toggles, read_toggles
+from .trust import probe_root_problem, writable_layer
 
 # Problems of this process alone, not of its inputs: a verdict holding one is not replayed to others.
 _OF_THIS_PROCESS = frozenset({IMPORTED_EARLY, OVERLAY_FAILED, SHIM_FAILED, RECORD_NOT_WRITTEN})

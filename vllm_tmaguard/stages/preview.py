@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..outcomes import Problem
 from .inputs import watched_environ
+from .outcomes import Problem
 from .pipeline import SERVER_DEFAULTS, Decision, decide
 from .record import Record
 from .store import RecordDir

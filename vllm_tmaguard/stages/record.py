@@ -10,9 +10,9 @@ from typing import Any, NamedTuple
 
 from .. import __version__, codes
 from ..codes import COMPLETE, DEGRADED, NO_GPU, NO_VLLM, SUPPLIED, WOULD_SUPPLY
-from ..outcomes import Action, Problem
 from ..redaction import redact
 from .metering import metering_json
+from .outcomes import Action, Problem
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # the stages' types, for annotations only: importing them here would cost start-up

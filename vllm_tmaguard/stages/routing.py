@@ -5,8 +5,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, NamedTuple
 
 from ..codes import ROUTING_IMPOSSIBLE, ROUTING_OVERRIDE
-from ..outcomes import Problem
 from . import ray_env
+from .outcomes import Problem
 from .routing_table import (
     ATTENTION,
     KERNELS,

@@ -16,10 +16,10 @@ from typing import NamedTuple
 
 from .. import files
 from ..codes import DRIVER_TOO_OLD
-from ..outcomes import Problem
 from ..process import find_package_dir
 from .elf import ElfError, read_elf
 from .gpu import cuda_version_of_driver, driver_tuple
+from .outcomes import Problem
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # the stages' types, for annotations only

@@ -8,8 +8,8 @@ from typing import NamedTuple
 
 from ..codes import RECORD_DIR_REFUSED
 from ..files import default_record_dir
-from ..outcomes import Problem
-from ..trust import private_dir, why_not_private
+from .outcomes import Problem
+from .trust import private_dir, why_not_private
 
 
 class RecordDir(NamedTuple):

@@ -14,10 +14,10 @@ from ..codes import (
     LOOKUP_SWAPPED,
     SYMBOL_UNSUPPLIED,
 )
-from ..outcomes import Problem
 from .catalogue import ENCODERS, HANDLE_SCOPED, LAUNCH_EX, OVERLAY_TRIGGERS, PROC_ADDRESS_V2, SHIM_SYMBOLS
 from .facts import Facts
 from .layers import SWAPS_LOOKUPS, Layer
+from .outcomes import Problem
 from .toggles import Toggles
 
 # What breaks when a driver symbol nothing supplies is missing, by the module that needs it.

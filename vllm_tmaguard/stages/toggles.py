@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 from ..codes import TOGGLE_INVALID, TOGGLE_UNKNOWN
 from ..files import default_record_dir, is_directory
-from ..outcomes import Problem
+from .outcomes import Problem
 
 
 class ToggleSpec(NamedTuple):

@@ -18,9 +18,9 @@ import errno
 import os
 from typing import TYPE_CHECKING
 
-from . import files
-from .codes import FOUND_ON_THE_SYSTEM
-from .files import make_install_dirs, make_private_dirs, path_problem, tighten
+from .. import files
+from ..codes import FOUND_ON_THE_SYSTEM
+from ..files import make_install_dirs, make_private_dirs, path_problem, tighten
 
 if TYPE_CHECKING:
     from .outcomes import Problem
@@ -88,7 +88,7 @@ def writable_layer(path: str | None, how: str, root: str) -> Problem | None:
     problem = path_problem(path)
     if problem is None:
         return None
-    from .codes import LAYER_WRITABLE
+    from ..codes import LAYER_WRITABLE
     from .outcomes import Problem
 
     return Problem(
