@@ -2,7 +2,8 @@
 # One device call: the guard's cost per process (bench/guard_cost.py --here: a pod's first process, the
 # full run with cold caches, alternated with later ones, the verdict's replay) in the real layouts, the
 # package's import included, the standard library a vLLM process loads imported first; then where a later
-# process's time goes (bench/replay_steps.py, step by step). With .dev/baseline-LABEL.tar.xz carried (another
+# process's time goes (bench/replay_steps.py, step by step) and what each module's import costs
+# (bench/import_cost.py). With .dev/baseline-LABEL.tar.xz carried (another
 # commit's package, `pip install --target`, packed; LABEL names its rows, e.g. the commit), every process of
 # each such build alternates with this one's (--baseline), so all rows come from the same minutes.
 # usage: [LAYERS=...] bash bench/device/real_layers/cost.sh [POD ...]
@@ -27,5 +28,6 @@ for pod in "${pods[@]}"; do
     > "$out/cost-$pod.txt" 2>&1
   timeout 120 bash $here/pod.sh "$pod" -- python3 bench/replay_steps.py --runs "${RUNS:-20}" \
     > "$out/steps-$pod.txt" 2>&1
-  echo "$pod:"; tail -4 "$out/cost-$pod.txt"; cat "$out/steps-$pod.txt"
+  timeout 120 bash $here/pod.sh "$pod" -- python3 bench/import_cost.py --runs 10 > "$out/imports-$pod.txt" 2>&1
+  echo "$pod:"; tail -4 "$out/cost-$pod.txt"; cat "$out/steps-$pod.txt" "$out/imports-$pod.txt"
 done
