@@ -1,7 +1,8 @@
 """What each of the package's modules costs to import in a guarded process (python -X importtime, the
 module's own time, median over fresh processes), a pod's first process (the full run) and a later one (the
 replay), with the standard library a vLLM process loads imported first (bench/guard_cost.py); and how much of
-the first's goes to defining NamedTuple classes and compiling regular expressions at import.
+the first's goes to defining value types (typing.NamedTuple or stages/values.py) and compiling regular
+expressions.
 
 usage: python bench/import_cost.py [--runs N] [--pod KIND]   (in this process's environment, or an
        emulated pod of tests/podkit.py; inside a real one: bench/device/real_layers/pod.sh POD -- ...)"""
@@ -23,7 +24,7 @@ MARK = "tmaguard-import-cost"
 CHILD = PRELOAD + f"""
 sys.stderr.write("{MARK}\\n")
 import re, time, typing
-spent = {{"NamedTuple classes": 0.0, "regular expressions compiled": 0.0}}
+spent = {{"NamedTuple classes": 0.0, "value types (values.py)": 0.0, "regular expressions compiled": 0.0}}
 def timed(what, real):
     def call(*args, **kwargs):
         started = time.perf_counter()
@@ -34,16 +35,22 @@ def timed(what, real):
     return call
 typing.NamedTupleMeta.__new__ = timed("NamedTuple classes", typing.NamedTupleMeta.__new__)
 re._compile = timed("regular expressions compiled", re._compile)
+if sys.argv[2:] == ["first"]:  # a later process must not import the stages to be timed
+    try:
+        import vllm_tmaguard.stages.values as values
+        values.value_type = timed("value types (values.py)", values.value_type)
+    except ImportError:  # a build before it
+        pass
 from vllm_tmaguard.guard import activate
 activate("bench")
 print("RESULT " + json.dumps(spent))
 """
 
 
-def one(env: dict[str, str], preload: str) -> tuple[dict[str, int], dict[str, float]]:
+def one(env: dict[str, str], preload: str, which: str) -> tuple[dict[str, int], dict[str, float]]:
     done = subprocess.run(
-        [sys.executable, "-X", "importtime", "-c", CHILD, preload], env=env, capture_output=True, text=True,
-        check=True,
+        [sys.executable, "-X", "importtime", "-c", CHILD, preload, which], env=env, capture_output=True,
+        text=True, check=True,
     )  # fmt: skip
     own: dict[str, int] = {}
     for line in done.stderr.split(MARK + "\n", 1)[1].splitlines():
@@ -73,9 +80,9 @@ def main() -> None:
         env = {**os.environ, **_pod_env(args.pod, base)}
         preload = json.dumps(stdlib_of_vllm({**env, "TMAGUARD_RECORD_DIR": os.path.join(base, "probe")}))
         records = [os.path.join(base, f"records-{run}") for run in range(args.runs)]
-        firsts = [one({**env, "TMAGUARD_RECORD_DIR": record_dir}, preload) for record_dir in records]
+        firsts = [one({**env, "TMAGUARD_RECORD_DIR": record_dir}, preload, "first") for record_dir in records]
         warm = {**env, "TMAGUARD_RECORD_DIR": records[0]}
-        laters = [one(warm, preload) for _ in range(args.runs)]
+        laters = [one(warm, preload, "later") for _ in range(args.runs)]
     print("\n".join(table("a pod's first process", firsts) + table("a later process", laters)))
 
 

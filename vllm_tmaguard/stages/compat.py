@@ -8,10 +8,10 @@ the layer's in a pod whose vCUDA quota is configured is said to be outside the l
 layer". Pure functions of the environment, the layers found and the quota read."""
 
 from collections.abc import Mapping
-from typing import NamedTuple
 
 from ..codes import COMPAT_BYPASSES_LAYER, LAYER_BYPASSED
 from .outcomes import Problem
+from .values import value_type
 
 SWITCH = "VLLM_ENABLE_CUDA_COMPATIBILITY"
 DIRECTORY = "VLLM_CUDA_COMPATIBILITY_PATH"
@@ -24,7 +24,8 @@ BYPASSED_VCUDA = "vcuda-bypassed"
 REPLACED_BY_COMPAT = frozenset({"vcuda", "vcuda-fork", "lupine", "unrecognized", BYPASSED_VCUDA})
 
 
-class CompatPlan(NamedTuple):
+@value_type
+class CompatPlan:
     env: dict[str, str]  # what the guard sets (auto mode)
     problems: tuple[Problem, ...]
 

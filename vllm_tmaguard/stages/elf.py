@@ -10,9 +10,9 @@ import os
 import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import NamedTuple
 
 from .. import files
+from .values import value_type
 
 EM_X86_64 = 62
 EM_AARCH64 = 183
@@ -40,7 +40,8 @@ class ElfError(ValueError):
         super().__init__(f"{path}: {why}")
 
 
-class ElfInfo(NamedTuple):
+@value_type
+class ElfInfo:
     path: str
     machine: int
     soname: str | None
@@ -53,7 +54,8 @@ class ElfInfo(NamedTuple):
     needs_versions: tuple[tuple[str, str], ...] = ()
 
 
-class _Layout(NamedTuple):
+@value_type
+class _Layout:
     header: struct.Struct
     section: struct.Struct
     symbol: struct.Struct
@@ -287,7 +289,8 @@ MACHINES = {3: "Intel 80386", 8: "MIPS", 20: "PowerPC", 21: "64-bit PowerPC", 22
             EM_X86_64: "x86-64", EM_AARCH64: "ARM aarch64", 243: "RISC-V"}  # fmt: skip
 
 
-class Identity(NamedTuple):
+@value_type
+class Identity:
     """Which build a library file is: what tells two nodes' copies of a layer apart."""
 
     size: int

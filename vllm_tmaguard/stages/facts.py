@@ -2,7 +2,6 @@
 effects on the process (no CUDA context, no load of libcuda.so.1, no call into a sharing layer)."""
 
 from collections.abc import Mapping
-from typing import NamedTuple
 
 from ..process import read_loaded_objects
 from .catalogue import DRIVER_LIBRARY, ENCODERS, MARKER
@@ -22,10 +21,12 @@ from .loader import LibraryResolution, find_real_driver, resolve_library
 from .memory import VCUDA_CONFIG, vcuda_quota
 from .preloads import library_of
 from .scan_cache import probe_vllm_cached
+from .values import value_type
 from .vllm_probe import VllmFacts
 
 
-class DriverFacts(NamedTuple):
+@value_type
+class DriverFacts:
     resolution: LibraryResolution
     info: ElfInfo | None  # the library answering libcuda.so.1; behind this package's overlay, the layer's
     error: str | None = None  # why that file could not be read
@@ -56,7 +57,8 @@ class DriverFacts(NamedTuple):
         return self.overlay_of is not None or (self.info is not None and symbol in self.info.defined)
 
 
-class Facts(NamedTuple):
+@value_type
+class Facts:
     driver: DriverFacts
     vllm: VllmFacts
     layers: tuple[Layer, ...]

@@ -12,13 +12,14 @@ System paths are read under TMAGUARD_ROOT (tests lay out a pod's files there).""
 
 import os
 import re
-from typing import NamedTuple
 
 from .. import files
 from .loader import under_root
+from .values import value_type
 
 
-class Gpu(NamedTuple):
+@value_type
+class Gpu:
     index: int
     name: str
     compute_capability: tuple[int, int] | None  # None: a model this package does not know
@@ -28,7 +29,8 @@ class Gpu(NamedTuple):
     memory_total: int | None = None  # NVML only: the device's memory as NVML reports it (layers may clamp)
 
 
-class GpuFacts(NamedTuple):
+@value_type
+class GpuFacts:
     gpus: tuple[Gpu, ...] = ()
     driver_version: str | None = None
     cuda_driver_version: int | None = None  # e.g. 12040, derived from driver_version

@@ -21,7 +21,6 @@ fingerprint reads the same evidence and stays beside the others: one place says 
 import os
 import re
 from collections.abc import Mapping
-from typing import NamedTuple
 
 from .. import files
 from ..process import mapped_named, read_loaded_objects
@@ -29,6 +28,7 @@ from . import preloads
 from .catalogue import ENCODERS, OVERLAY_TRIGGERS, PROC_ADDRESS_V2
 from .elf import ElfError, ElfInfo, read_elf
 from .loader import under_root
+from .values import value_type
 
 # Layer names, with what an operator reads in the log line.
 LABELS = {
@@ -91,7 +91,8 @@ JUDGED = frozenset({"hami", "vgpu-manager", "nvshare"})
 HAMI_LIBRARY = preloads.HAMI_LIBRARY
 
 
-class Layer(NamedTuple):
+@value_type
+class Layer:
     name: str  # a key of LABELS
     evidence: tuple[str, ...]
     forwards_to_local_driver: bool = True  # False: no local real driver to forward to (network GPU)
@@ -105,7 +106,8 @@ class Layer(NamedTuple):
         return LABELS[self.name]
 
 
-class PodEvidence(NamedTuple):
+@value_type
+class PodEvidence:
     """Everything the fingerprints look at, gathered once (side effects stay in the probe)."""
 
     existing_paths: frozenset[str]  # which of FINGERPRINT_PATHS exist (paths as inside the pod)

@@ -20,13 +20,13 @@ import os
 import re
 import struct
 from collections.abc import Iterable, Mapping
-from typing import NamedTuple
 
 from .. import files
 from ..codes import FOUND_DEFAULT_DIRS, FOUND_LD_SO_CACHE, FOUND_LIBRARY_PATH, FOUND_MAPPED, FOUND_NOTHING
 from ..process import LIBRARY_PATH, mapped_named, split_library_path, working_directory
 from .catalogue import DRIVER_LIBRARY, ENCODERS, MARKER
 from .elf import ElfError, ElfInfo, native_machine, read_elf
+from .values import value_type
 
 _NEW_CACHE_MAGIC = b"glibc-ld.so.cache1.1"
 _CACHE_HEADER = struct.Struct("<20sIIB3xI12x")  # magic, nlibs, len_strings, flags, extension offset
@@ -36,7 +36,8 @@ _CACHE_ARCH_FLAGS = {"x86_64": 0x0300, "aarch64": 0x0A00}
 _DEFAULT_DIRS = {"x86_64": ("/lib64", "/usr/lib64"), "aarch64": ("/lib64", "/usr/lib64")}
 
 
-class LibraryResolution(NamedTuple):
+@value_type
+class LibraryResolution:
     name: str
     path: str | None  # the file the loader gives (or gave) for `name`; None: not found
     how: str  # the search step that gave `path`: codes.FOUND_*

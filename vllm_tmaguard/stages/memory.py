@@ -13,12 +13,12 @@ import os
 import re
 import struct
 from collections.abc import Mapping
-from typing import NamedTuple
 
 from .. import files
 from ..codes import MEMORY_FRACTION_TOO_HIGH, MEMORY_UNENFORCED
 from .loader import under_root
 from .outcomes import Problem
+from .values import value_type
 
 GIB = 1 << 30
 # Measured on an H100 (driver 580, torch 2.11, vLLM 0.25.1) under vgpu-manager, the CUDA-12 vCUDA fork and
@@ -47,12 +47,14 @@ GIVEN_PORTION = "GPU_PORTION"  # KAI Scheduler's fraction of a GPU (not enforced
 ENV_NAMES = (_MPS_PINNED,)  # GPU_PORTION and NVIDIA_GPU_MEMORY_* are layers.ENV_PREFIXES
 
 
-class MemoryLimit(NamedTuple):
+@value_type
+class MemoryLimit:
     limit: int  # bytes the process may hold on its device, as the layer counts them
     source: str  # where the limit was read: the variable or file, with its value
 
 
-class MemoryFlags(NamedTuple):
+@value_type
+class MemoryFlags:
     """vLLM's memory settings as the process's command line gives them (process.py)."""
 
     fraction: str | None = None  # --gpu-memory-utilization's value as written
@@ -60,7 +62,8 @@ class MemoryFlags(NamedTuple):
     serve: bool = False  # the process is a vLLM server's front (its command line is parsed by vLLM)
 
 
-class MemoryPlan(NamedTuple):
+@value_type
+class MemoryPlan:
     limit: MemoryLimit | None
     fits: str | None  # the largest --gpu-memory-utilization that starts under the limit (2 decimals)
     chosen: str  # the fraction vLLM will use: the user's, or its default

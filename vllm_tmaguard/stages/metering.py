@@ -9,7 +9,7 @@ Rows are (status, entry points) as the entry points are reached: through the CUD
 look-ups, dlsym, or the overlay in front of the layer (where the guard loads one)."""
 
 import os
-from typing import Any, NamedTuple
+from typing import Any
 
 from ..codes import LAYER_CANNOT_LOAD, LAYER_DAEMON_MISSING, LAYER_NOT_IN_FORCE
 from . import layers as fingerprints
@@ -17,6 +17,7 @@ from . import preloads
 from .compat import BYPASSED
 from .layers import Layer
 from .outcomes import Problem
+from .values import value_type
 
 # Statuses: memory.
 METERED = "metered"  # counted against the layer's memory quota
@@ -68,7 +69,8 @@ VLLM_ARGS = {
 ALTERNATIVE_ARGS = {CUDA_GRAPH_CAPTURE_FAILS: ("--enforce-eager",)}
 
 
-class Metering(NamedTuple):
+@value_type
+class Metering:
     source: str  # the repository and commit the table was read from
     rows: tuple[tuple[str, tuple[str, ...]], ...]  # (status, entry points)
     caveats: tuple[str, ...] = ()

@@ -2,10 +2,13 @@
 wrong (Problem). Sentences are rendered from their fields at the edge (record.py, the doctor), never parsed
 back."""
 
-from typing import Any, NamedTuple
+from typing import Any
+
+from .values import value_type
 
 
-class Problem(NamedTuple):
+@value_type
+class Problem:
     code: str
     cause: str  # what is wrong
     consequence: str  # what fails because of it
@@ -17,7 +20,8 @@ class Problem(NamedTuple):
         return self._asdict()
 
 
-class Action(NamedTuple):
+@value_type
+class Action:
     kind: str
     target: str  # the library ("overlay", a shim's name), the variable, or the module
     value: str | None = None  # the variable's value, or the library's file

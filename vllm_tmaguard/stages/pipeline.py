@@ -13,7 +13,7 @@ import contextlib
 import json
 import os
 import time
-from typing import Any, NamedTuple
+from typing import Any
 
 from .. import files
 from ..codes import (
@@ -46,6 +46,7 @@ from .store import RecordDir, open_record_dir
 from .supply import SupplyPlan, plan_supply
 from .toggles import Toggles, read_toggles
 from .trust import probe_root_problem, writable_layer
+from .values import value_type
 
 # Problems of this process alone, not of its inputs: a verdict holding one is not replayed to others.
 _OF_THIS_PROCESS = frozenset({IMPORTED_EARLY, OVERLAY_FAILED, SHIM_FAILED, RECORD_NOT_WRITTEN})
@@ -93,7 +94,8 @@ def run(trigger: str) -> Issued | None:
     return issued
 
 
-class Decision(NamedTuple):
+@value_type
+class Decision:
     """What the stages found, planned and did, up to the typed record."""
 
     record: Record

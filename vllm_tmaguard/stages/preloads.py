@@ -13,7 +13,6 @@ import errno
 import os
 import sys
 from collections.abc import Mapping
-from typing import NamedTuple
 
 from .. import files
 from ..process import mapped_files, read_loaded_objects
@@ -30,6 +29,7 @@ from .elf import (
     read_elf,
     read_identity,
 )
+from .values import value_type
 
 # Why a preload entry of a judged layer is not in force (PreloadFault.kind), with what the loader prints.
 MISSING, UNREADABLE, NOT_A_FILE, NOT_AN_ELF = "missing", "unreadable", "not-a-file", "not-elf"
@@ -55,7 +55,8 @@ _GO_TRUE = ("1", "t", "T", "TRUE", "true", "True")
 LIBRARY_HASH_LIMIT = 64 << 20  # a layer's library is a few MB; past this its size alone is recorded
 
 
-class PreloadFault(NamedTuple):
+@value_type
+class PreloadFault:
     entry: str  # as LD_PRELOAD or /etc/ld.so.preload names it
     source: str  # PRELOAD_ENV or PRELOAD_FILE
     kind: str  # one of MISSING ... NOT_LOADED
@@ -63,7 +64,8 @@ class PreloadFault(NamedTuple):
     needs: str | None = None  # NEEDS_NEWER_GLIBC: the version it needs ("GLIBC_2.99")
 
 
-class Library(NamedTuple):
+@value_type
+class Library:
     """A layer's library file and which build it is (elf.read_identity): what tells nodes' copies apart."""
 
     path: str

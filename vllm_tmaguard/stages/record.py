@@ -6,13 +6,14 @@ record_shape.py."""
 import os
 import time
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 from .. import __version__, codes
 from ..codes import COMPLETE, DEGRADED, NO_GPU, NO_VLLM, SUPPLIED, WOULD_SUPPLY
 from ..redaction import redact
 from .metering import metering_json
 from .outcomes import Action, Problem
+from .values import value_type
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # the stages' types, for annotations only: importing them here would cost start-up
@@ -25,7 +26,8 @@ if TYPE_CHECKING:  # the stages' types, for annotations only: importing them her
 SCHEMA = 2
 
 
-class Record(NamedTuple):
+@value_type
+class Record:
     pid: int
     time: str
     trigger: str

@@ -2,7 +2,7 @@
 the installed vLLM's table, the GPUs, whether a real encoder is reachable, and the user's settings."""
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from ..codes import ROUTING_IMPOSSIBLE, ROUTING_OVERRIDE
 from . import ray_env
@@ -20,6 +20,7 @@ from .routing_table import (
     table_for,
 )
 from .supply import COMPLETE, LACKING
+from .values import value_type
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -39,7 +40,8 @@ ENV_NAMES = tuple(
 ENV_NAMES += ray_env.ENV_NAMES  # the variables that carry the toggles to Ray workers (ray_env.carry)
 
 
-class RoutingInputs(NamedTuple):
+@value_type
+class RoutingInputs:
     table: VersionTable
     version_note: str | None
     vllm_version: str | None
@@ -55,13 +57,15 @@ class RoutingInputs(NamedTuple):
     round_trips: str | None = None  # why each driver call costs a network round trip and nothing hides it
 
 
-class FamilyRoute(NamedTuple):
+@value_type
+class FamilyRoute:
     family: str
     path: str  # the path vLLM will take
     why: str
 
 
-class Override(NamedTuple):
+@value_type
+class Override:
     """A user setting the guard replaced."""
 
     variable: str
@@ -70,7 +74,8 @@ class Override(NamedTuple):
     why: str
 
 
-class Routing(NamedTuple):
+@value_type
+class Routing:
     env: dict[str, str]  # variables to set, with their final values
     block_modules: tuple[str, ...]  # extension modules to make unimportable (vLLM then falls back itself)
     disabled: tuple[tuple[str, str], ...]  # (kernel class, why)
@@ -281,12 +286,14 @@ def _families(
 MIN_TMA_CUDA_DRIVER = 12000  # TMA descriptors arrived with CUDA 12.0
 
 
-class TmaVerdict(NamedTuple):
+@value_type
+class TmaVerdict:
     usable: bool
     reason: str
 
 
-class RoutePlan(NamedTuple):
+@value_type
+class RoutePlan:
     tma: TmaVerdict
     routing: Routing
     problems: tuple[Problem, ...]  # the user settings overridden, or insisted on and impossible

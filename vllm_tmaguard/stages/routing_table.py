@@ -6,7 +6,8 @@ flag named here exists in that release. Checked at run time against the installe
 selector file does not list is reported as stale knowledge."""
 
 import re
-from typing import NamedTuple
+
+from .values import value_type
 
 MIXED_PRECISION, SCALED_MM, MOE, ATTENTION = "mixed-precision linear", "FP8/INT8 linear", "MoE", "attention"
 # The TMA classes vLLM's mixed-precision selector tries on sm_90, in its order, and their names in the record.
@@ -15,7 +16,8 @@ MIXED_PRECISION_TMA = (("MacheteLinearKernel", "Machete"), ("HummingLinearKernel
 SCALED_MM_CUTLASS = "CutlassFP8ScaledMMLinearKernel"
 
 
-class Kernel(NamedTuple):
+@value_type
+class Kernel:
     name: str  # the class name VLLM_DISABLED_KERNELS takes
     family: str
     tma_majors: frozenset[int]  # compute-capability majors where its kernels use TMA (need a real encoder)
@@ -42,7 +44,8 @@ KERNELS = {
 }
 
 
-class VersionTable(NamedTuple):
+@value_type
+class VersionTable:
     since: str  # first vLLM version this table was read from; it applies up to the next table
     read_from: str
     listed_in: tuple[str, ...]  # selector files (relative to the vllm package) listing every kernel below

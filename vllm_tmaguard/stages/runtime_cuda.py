@@ -12,7 +12,6 @@ function of the versions and the GPUs' names."""
 
 import os
 import re
-from typing import NamedTuple
 
 from .. import files
 from ..codes import DRIVER_TOO_OLD
@@ -20,6 +19,7 @@ from ..process import find_package_dir
 from .elf import ElfError, read_elf
 from .gpu import cuda_version_of_driver, driver_tuple
 from .outcomes import Problem
+from .values import value_type
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # the stages' types, for annotations only
@@ -40,7 +40,8 @@ _LIBRARY_VERSION = re.compile(r"^libcuda\.so\.(\d+\.\d+(?:\.\d+)?)$")
 _NO_FORWARD_COMPAT = re.compile(r"GeForce|TITAN|Quadro|\bRTX\b(?!.*Server Edition)")
 
 
-class CudaBuild(NamedTuple):
+@value_type
+class CudaBuild:
     """The CUDA runtime each package was built for, and the file that says so."""
 
     torch: tuple[int, int] | None = None  # torch/version.py's cuda, e.g. (13, 0); None: CPU build or unknown

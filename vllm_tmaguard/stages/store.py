@@ -4,15 +4,16 @@ with the refusal said; with neither, nothing is written and the overlay stays in
 for every reader and writer of the directory (trust.py), the default directory included."""
 
 import os
-from typing import NamedTuple
 
 from ..codes import RECORD_DIR_REFUSED
 from ..files import default_record_dir
 from .outcomes import Problem
 from .trust import private_dir, why_not_private
+from .values import value_type
 
 
-class RecordDir(NamedTuple):
+@value_type
+class RecordDir:
     path: str | None  # None: no private directory could be had
     asked: str  # TMAGUARD_RECORD_DIR as set (or the default)
     refused: str | None = None  # why `asked` was refused

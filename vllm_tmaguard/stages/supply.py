@@ -4,7 +4,6 @@ overlay, or shims where the overlay cannot be had), whether a real encoder is re
 broken (docs/design.md §2)."""
 
 import os
-from typing import NamedTuple
 
 from ..codes import (
     DRIVER_MISSING,
@@ -19,6 +18,7 @@ from .facts import Facts
 from .layers import SWAPS_LOOKUPS, Layer
 from .outcomes import Problem
 from .toggles import Toggles
+from .values import value_type
 
 # What breaks when a driver symbol nothing supplies is missing, by the module that needs it.
 _FEATURE_OF_MODULE = {
@@ -34,20 +34,23 @@ COMPLETE = "complete"  # libcuda.so.1 has everything
 LACKING = "lacking"  # libcuda.so.1 lacks entry points (supplied or not: see supplies and problems)
 
 
-class Supply(NamedTuple):
+@value_type
+class Supply:
     library: str  # "overlay", or a shim library of catalogue.SHIM_FILES
     symbols: tuple[str, ...]  # the lacking names it answers
     fallback: tuple[str, ...] = ()  # overlay: the shims to load if the overlay cannot be loaded
 
 
-class Reach(NamedTuple):
+@value_type
+class Reach:
     """Whether a real cuTensorMapEncodeTiled is reachable in this process, and from where."""
 
     reachable: bool
     reason: str
 
 
-class SupplyPlan(NamedTuple):
+@value_type
+class SupplyPlan:
     status: str
     layer: Layer | None  # the layer that owns libcuda.so.1, if any
     lacking: tuple[str, ...] = ()  # what libcuda.so.1 lacks: vLLM's needs, then the overlay's triggers

@@ -5,14 +5,15 @@ outright (parse_toggles)."""
 
 import os
 from collections.abc import Mapping
-from typing import NamedTuple
 
 from ..codes import TOGGLE_INVALID, TOGGLE_UNKNOWN
 from ..files import default_record_dir, is_directory
 from .outcomes import Problem
+from .values import value_type
 
 
-class ToggleSpec(NamedTuple):
+@value_type
+class ToggleSpec:
     name: str
     allowed: tuple[str, ...]  # empty: free-form (described by `kind`)
     default: str
@@ -112,7 +113,8 @@ class ToggleError(ValueError):
         super().__init__(f"{name}={value!r} is not valid; allowed: {allowed}")
 
 
-class Toggles(NamedTuple):
+@value_type
+class Toggles:
     mode: str = "auto"
     strict: bool = False
     gemm: str = "auto"

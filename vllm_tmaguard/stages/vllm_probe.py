@@ -6,13 +6,13 @@ import functools
 import importlib.machinery
 import os
 import re
-from typing import NamedTuple
 
 from .. import files
 from ..process import find_package_dir
 from .catalogue import DRIVER_LIBRARY
 from .elf import ElfError, read_elf
 from .routing_table import table_for
+from .values import value_type
 
 _VERSION = re.compile(r"""^(?:__version__|version)\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", re.M)
 _PLUGINS_GROUP = ("PLATFORM_PLUGINS_GROUP", "'vllm.platform_plugins'")  # 0.11+ constant; 0.8 - 0.10 literal
@@ -24,7 +24,8 @@ _ABI_TAGGED = re.compile(r"\.(?:cpython|pypy)[^./]*\.so$")
 _OWN_ABI_SUFFIXES = tuple(s for s in importlib.machinery.EXTENSION_SUFFIXES if _ABI_TAGGED.search(s))
 
 
-class Extension(NamedTuple):
+@value_type
+class Extension:
     module: str  # e.g. "vllm._C_stable_libtorch"
     path: str
     driver_symbols: frozenset[str]  # strong undefined cu* symbols, resolved from libcuda.so.1
@@ -32,7 +33,8 @@ class Extension(NamedTuple):
     absent: bool = False  # the file is not there (the wheel lists it, the image lacks it)
 
 
-class VllmFacts(NamedTuple):
+@value_type
+class VllmFacts:
     found: bool
     version: str | None = None
     package_dir: str | None = None
