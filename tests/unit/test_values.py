@@ -159,3 +159,13 @@ def test_every_value_type_of_the_full_run_is_made_so() -> None:
                 assert value.__new__.__code__.co_varnames[1:] == value._fields, value.__qualname__
                 made += 1
     assert made >= 35
+
+
+def test_every_arity_builds_its_tuple_and_names_its_arguments() -> None:
+    """_NEW_BY_ARITY's __new__ for each field count, and the one compiled past it."""
+    for arity in range(len(values._NEW_BY_ARITY) + 3):
+        fields = [f"field{index}" for index in range(arity)]
+        made = value_type(type(f"Value{arity}", (), {"__annotations__": dict.fromkeys(fields, int)}))
+        assert made(*range(arity)) == tuple(range(arity)) and made._fields == tuple(fields)
+        assert made(**{name: index for index, name in enumerate(fields)}) == tuple(range(arity))
+        assert str(inspect.signature(made)) == f"({', '.join(f'{name}: int' for name in fields)})"

@@ -20,22 +20,67 @@ except ImportError:  # pragma: no cover - collections' own fallback
         return property(itemgetter(index), doc=doc)
 
 
-_tuple_new = tuple.__new__
-_NEW_CODE: dict[int, types.CodeType] = {}
+_tuple_new = _n = tuple.__new__
 _NOT_COPIED = frozenset(
     {"__dict__", "__weakref__", "__annotations__", "__annotate__", "__annotations_cache__"}
 )
 Value = TypeVar("Value")
+# collections.namedtuple's __new__ for 0 to 28 fields (record.Record has 27), written out so that they are
+# compiled once, into this module's byte code: namedtuple compiles one from source for every class (~70 µs,
+# twice that on the H100's Python 3.12). value_type renames the arguments of the one of its arity.
+_NEW_BY_ARITY = (
+    lambda _c: _n(_c, ()),
+    lambda _c, a: _n(_c, (a,)),
+    lambda _c, a, b: _n(_c, (a, b)),
+    lambda _c, a, b, c: _n(_c, (a, b, c)),
+    lambda _c, a, b, c, d: _n(_c, (a, b, c, d)),
+    lambda _c, a, b, c, d, e: _n(_c, (a, b, c, d, e)),
+    lambda _c, a, b, c, d, e, f: _n(_c, (a, b, c, d, e, f)),
+    lambda _c, a, b, c, d, e, f, g: _n(_c, (a, b, c, d, e, f, g)),
+    lambda _c, a, b, c, d, e, f, g, h: _n(_c, (a, b, c, d, e, f, g, h)),
+    lambda _c, a, b, c, d, e, f, g, h, i: _n(_c, (a, b, c, d, e, f, g, h, i)),
+    lambda _c, a, b, c, d, e, f, g, h, i, j: _n(_c, (a, b, c, d, e, f, g, h, i, j)),
+    lambda _c, a, b, c, d, e, f, g, h, i, j, k: _n(_c, (a, b, c, d, e, f, g, h, i, j, k)),
+    lambda _c, a, b, c, d, e, f, g, h, i, j, k, L: _n(_c, (a, b, c, d, e, f, g, h, i, j, k, L)),
+    lambda _c, a, b, c, d, e, f, g, h, i, j, k, L, m: _n(_c, (a, b, c, d, e, f, g, h, i, j, k, L, m)),
+    lambda _c, a, b, c, d, e, f, g, h, i, j, k, L, m, n: _n(_c, (a, b, c, d, e, f, g, h, i, j, k, L, m, n)),
+    lambda _c, a, b, c, d, e, f, g, h, i, j, k, L, m, n, o: _n(_c, (
+        a, b, c, d, e, f, g, h, i, j, k, L, m, n, o)),
+    lambda _c, a, b, c, d, e, f, g, h, i, j, k, L, m, n, o, p: _n(_c, (
+        a, b, c, d, e, f, g, h, i, j, k, L, m, n, o, p)),
+    lambda _c, a, b, c, d, e, f, g, h, i, j, k, L, m, n, o, p, q: _n(_c, (
+        a, b, c, d, e, f, g, h, i, j, k, L, m, n, o, p, q)),
+    lambda _c, a, b, c, d, e, f, g, h, i, j, k, L, m, n, o, p, q, r: _n(_c, (
+        a, b, c, d, e, f, g, h, i, j, k, L, m, n, o, p, q, r)),
+    lambda _c, a, b, c, d, e, f, g, h, i, j, k, L, m, n, o, p, q, r, s: _n(_c, (
+        a, b, c, d, e, f, g, h, i, j, k, L, m, n, o, p, q, r, s)),
+    lambda _c, a, b, c, d, e, f, g, h, i, j, k, L, m, n, o, p, q, r, s, t: _n(_c, (
+        a, b, c, d, e, f, g, h, i, j, k, L, m, n, o, p, q, r, s, t)),
+    lambda _c, a, b, c, d, e, f, g, h, i, j, k, L, m, n, o, p, q, r, s, t, u: _n(_c, (
+        a, b, c, d, e, f, g, h, i, j, k, L, m, n, o, p, q, r, s, t, u)),
+    lambda _c, a, b, c, d, e, f, g, h, i, j, k, L, m, n, o, p, q, r, s, t, u, v: _n(_c, (
+        a, b, c, d, e, f, g, h, i, j, k, L, m, n, o, p, q, r, s, t, u, v)),
+    lambda _c, a, b, c, d, e, f, g, h, i, j, k, L, m, n, o, p, q, r, s, t, u, v, w: _n(_c, (
+        a, b, c, d, e, f, g, h, i, j, k, L, m, n, o, p, q, r, s, t, u, v, w)),
+    lambda _c, a, b, c, d, e, f, g, h, i, j, k, L, m, n, o, p, q, r, s, t, u, v, w, x: _n(_c, (
+        a, b, c, d, e, f, g, h, i, j, k, L, m, n, o, p, q, r, s, t, u, v, w, x)),
+    lambda _c, a, b, c, d, e, f, g, h, i, j, k, L, m, n, o, p, q, r, s, t, u, v, w, x, y: _n(_c, (
+        a, b, c, d, e, f, g, h, i, j, k, L, m, n, o, p, q, r, s, t, u, v, w, x, y)),
+    lambda _c, a, b, c, d, e, f, g, h, i, j, k, L, m, n, o, p, q, r, s, t, u, v, w, x, y, z: _n(_c, (
+        a, b, c, d, e, f, g, h, i, j, k, L, m, n, o, p, q, r, s, t, u, v, w, x, y, z)),
+    lambda _c, a, b, c, d, e, f, g, h, i, j, k, L, m, n, o, p, q, r, s, t, u, v, w, x, y, z, A: _n(_c, (
+        a, b, c, d, e, f, g, h, i, j, k, L, m, n, o, p, q, r, s, t, u, v, w, x, y, z, A)),
+    lambda _c, a, b, c, d, e, f, g, h, i, j, k, L, m, n, o, p, q, r, s, t, u, v, w, x, y, z, A, B: _n(_c, (
+        a, b, c, d, e, f, g, h, i, j, k, L, m, n, o, p, q, r, s, t, u, v, w, x, y, z, A, B)),
+)
 
 
 def _new_code(arity: int) -> types.CodeType:
-    """collections.namedtuple's __new__ for `arity` fields, compiled once per arity; each class renames its
-    arguments (code.replace), so its signature, defaults and errors are those of one compiled for it."""
-    if arity not in _NEW_CODE:
-        names = "".join(f"_{index}, " for index in range(arity))
-        lambda_ = eval(f"lambda _cls, {names}: _tuple_new(_cls, ({names}))", {"_tuple_new": _tuple_new})
-        _NEW_CODE[arity] = lambda_.__code__
-    return _NEW_CODE[arity]
+    """The code of a __new__ taking `arity` fields after the class: _NEW_BY_ARITY's, or one compiled."""
+    if arity < len(_NEW_BY_ARITY):
+        return _NEW_BY_ARITY[arity].__code__
+    names = "".join(f"_{index}, " for index in range(arity))
+    return eval(f"lambda _c, {names}: _n(_c, ({names}))", {"_n": _tuple_new}).__code__
 
 
 def _make(cls: type[Value], iterable: Iterable[Any]) -> Value:
@@ -79,7 +124,7 @@ def value_type(cls: type[Value]) -> type[Value]:
     code = _new_code(len(fields)).replace(
         co_varnames=("_cls", *fields), co_name="__new__", co_qualname=f"{cls.__qualname__}.__new__"
     )
-    new = types.FunctionType(code, {"_tuple_new": _tuple_new}, "__new__", defaults or None)
+    new = types.FunctionType(code, {"_n": _tuple_new}, "__new__", defaults or None)
     arguments = ", ".join(fields) + ("," if len(fields) == 1 else "")  # as collections.namedtuple writes them
     new.__doc__ = f"Create new instance of {cls.__name__}({arguments})"
     new.__annotations__ = dict(cls.__annotations__)
