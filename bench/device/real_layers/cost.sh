@@ -6,7 +6,7 @@
 # (bench/import_cost.py). With .dev/baseline-LABEL.tar.xz carried (another
 # commit's package, `pip install --target`, packed; LABEL names its rows, e.g. the commit), every process of
 # each such build alternates with this one's (--baseline), so all rows come from the same minutes.
-# usage: [LAYERS=...] bash bench/device/real_layers/cost.sh [POD ...]
+# usage: [LAYERS=...] [PROFILE=1] bash bench/device/real_layers/cost.sh [POD ...]
 #        (repository root; carry .dev/e2e/part1 .dev/thirdparty.tar.xz [.dev/baseline-*.tar.xz])
 set -uo pipefail
 here=bench/device/real_layers
@@ -29,5 +29,8 @@ for pod in "${pods[@]}"; do
   timeout 120 bash $here/pod.sh "$pod" -- python3 bench/replay_steps.py --runs "${RUNS:-20}" \
     > "$out/steps-$pod.txt" 2>&1
   timeout 120 bash $here/pod.sh "$pod" -- python3 bench/import_cost.py --runs 10 > "$out/imports-$pod.txt" 2>&1
+  if [ "${PROFILE:-0}" = 1 ]; then  # a first process's functions (bench/full_run_profile.py)
+    timeout 120 bash $here/pod.sh "$pod" -- python3 bench/full_run_profile.py --runs 5 > "$out/profile-$pod.txt" 2>&1
+  fi
   echo "$pod:"; tail -4 "$out/cost-$pod.txt"; cat "$out/steps-$pod.txt" "$out/imports-$pod.txt"
 done
