@@ -525,13 +525,15 @@ def path_problem(path: str, private: bool = False) -> str | None:
     cannot change this package's code. `private`: nobody but this user may change it, and the last
     component must be owned by this user and closed to group and others (mode 0700)."""
     euid = os.geteuid()
-    allowed = {f"uid {euid}"} | (set() if private else package_changers())
+    own = f"uid {euid}"
     steps = _walk(path, private)
     if isinstance(steps, str):
         return steps
     for component, info, last, must_be_private in steps:
         for principal, how in _changers(info, last).items():
-            if principal not in allowed:
+            # Who can change the package's own code is asked only of a path someone else can change (its
+            # walk is a dozen calls, in every replay that loads a library otherwise).
+            if principal != own and (private or principal not in package_changers()):
                 unlike = "not private to this user" if private else "which this package's own code is not"
                 return f"{component} is {how}, {unlike}"
         if must_be_private and (info.st_uid != euid or info.st_mode & 0o077):
