@@ -220,7 +220,7 @@ def announce(document: dict[str, Any], log_format: str) -> None:
 class Issued:
     """A process's verdict as issued: its record document, where it was written (None: nowhere), and the log
     format it was logged in (a forked child issues its own record the same way). A plain class: a NamedTuple
-    costs a millisecond to define, in every vLLM process."""
+    costs ~0.2 ms to define (Python 3.12), in every vLLM process."""
 
     __slots__ = ("directory", "document", "log_format")
 

@@ -229,11 +229,12 @@ def _matching(entries: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 def _replayable_here(entry: dict[str, Any], text: str) -> bool:
     """What the stored inputs cannot tell: that no module to block is imported yet, that every library to
-    load is still trusted (trust.py: its path's owners and modes, checked again), and that no secret of this
-    process's environment appears in the stored record (`text`: it was redacted against another's). Of the
-    variables the stages do not read (those are the same as the storing process's) whose values appear in
-    it, few or none, only those the storing process did not have (its `shown`, each judged no secret by
-    redaction.secret_values, a function of the name and value alone) are asked whether they are secrets."""
+    load is still trusted (files.path_problem: its path's owners and modes, checked again), and that no
+    secret of this process's environment appears in the stored record (`text`: it was redacted against
+    another's). Of the variables the stages do not read (those are the same as the storing process's) whose
+    values appear in it, few or none, only those the storing process did not have (its `shown`, each judged
+    no secret by redaction.secret_values, a function of the name and value alone) are asked whether they
+    are secrets."""
     redo = entry["redo"]
     if any(sys.modules.get(module) is not None for module in redo["block"]):
         return False
@@ -256,8 +257,7 @@ def shown_variables(text: str, same: dict[str, str], shortest: int) -> dict[str,
     """This process's environment variables other than `same` (the stages' inputs) whose values, at least
     `shortest` characters long, appear in the record `text` (JSON): few or none (LD_LIBRARY_PATH's
     directories, say)."""
-    environ = os.environ
-    return {k: v for k, v in environ.items() if k not in same and len(v) >= shortest and _in_json(v, text)}
+    return {k: v for k, v in os.environ.items() if k not in same and len(v) >= shortest and _in_json(v, text)}
 
 
 def _in_json(value: str, text: str) -> bool:

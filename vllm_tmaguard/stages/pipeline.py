@@ -87,9 +87,10 @@ def run(trigger: str) -> Issued | None:
     stop = stop_for(issued.document["problems"], toggles.strict, toggles.gemm)
     if stop:
         raise tell_kubernetes(stop)
-    if records.path and not records.refused and notes.steady and _replayable(issued.document, facts):
+    text = json.dumps(issued.document)
+    if records.path and not records.refused and notes.steady and _replayable(issued.document, text, facts):
         with contextlib.suppress(Exception):  # not remembered: later processes run the full run too
-            entry = _entry(process, notes, issued, record.actions, facts.driver.read_library_path)
+            entry = _entry(process, notes, issued, text, record.actions, facts.driver.read_library_path)
             remember(records.path, entry)
     return issued
 
@@ -204,14 +205,15 @@ def _entry(
     process: dict[str, Any],
     notes: files.Notes,
     issued: Issued,
+    text: str,
     actions: tuple[Action, ...],
     read_library_path: bool,
 ) -> dict[str, Any]:
     """The verdict as the cache keeps it, with what it was decided from (docs/design.md §4.1): the process,
     compared by LD_LIBRARY_PATH's value where the real driver's search read it, else by its effect on the
-    loader's search; the files as the door noted them."""
+    loader's search; the files as the door noted them. `text`: the issued document as JSON."""
     compared = process if read_library_path else by_effect(process)
-    shown = shown_variables(json.dumps(issued.document), compared["env"], MIN_SECRET)
+    shown = shown_variables(text, compared["env"], MIN_SECRET)
     secret = secret_values(shown)
     return {
         "process": compared,
@@ -225,7 +227,7 @@ def _entry(
     }
 
 
-def _replayable(document: dict[str, Any], facts: Facts) -> bool:
+def _replayable(document: dict[str, Any], text: str, facts: Facts) -> bool:
     """A verdict other processes may replay: written, kept in a file (not in memory), no problem of this
     process alone (a preload entry this process's loader did not map, though its file would load: a later
     process of the same environment may have it), nothing redacted (what was depends on this process's
@@ -238,7 +240,7 @@ def _replayable(document: dict[str, Any], facts: Facts) -> bool:
         and not in_memory
         and not own
         and not unmapped
-        and not shows_redaction(json.dumps(document))
+        and not shows_redaction(text)
     )
 
 

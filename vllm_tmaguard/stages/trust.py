@@ -1,16 +1,16 @@
 """What the guard trusts (docs/SECURITY.md): the files it loads code from and the directory it writes its
 runtime files to (what may appear in what it prints: redaction.py).
 
-Path trust: a library the guard loads may be as writable as the package code that loads it, never more.
-Whoever can change a path is the owner of each of its components, and the group and others where a
-component is writable by them (a directory with the sticky bit, like /tmp, may be world-writable: nobody
-else can rename or replace its entries there). A library is loaded only when everyone who can change it,
-other than root and this process's effective user, can also change this package's own code. A root-owned
-install with no group or world write (the usual image) therefore trusts only root-owned, write-protected
-libraries; an OpenShift-style image (`chmod -R g=u`, run as an arbitrary user in group 0) trusts libraries
-writable by group 0 as its code is, and nothing writable by others. The guard's runtime directory must in
-addition be this user's and private (0700). The real path is returned and loaded, so a symbolic link cannot
-be swapped between the check and the load."""
+Path trust (the rule is the door's, files.path_problem, which every replay asks again): a library the guard
+loads may be as writable as the package code that loads it, never more. Whoever can change a path is the owner
+of each of its components, and the group and others where a component is writable by them (a directory with
+the sticky bit, like /tmp, may be world-writable: nobody else can rename or replace its entries there). A
+library is loaded only when everyone who can change it, other than root and this process's effective user, can
+also change this package's own code. A root-owned install with no group or world write (the usual image)
+therefore trusts only root-owned, write-protected libraries; an OpenShift-style image (`chmod -R g=u`, run as
+an arbitrary user in group 0) trusts libraries writable by group 0 as its code is, and nothing writable by
+others. The guard's runtime directory must in addition be this user's and private (0700). The real path is
+returned and loaded, so a symbolic link cannot be swapped between the check and the load."""
 
 from __future__ import annotations
 

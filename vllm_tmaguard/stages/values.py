@@ -3,9 +3,9 @@ _fields, _field_defaults, _make, _replace, _asdict, __match_args__, keyword argu
 class body's methods, properties and docstring), defined without what makes each typing.NamedTuple class
 cost ~200 µs on Python 3.12: collections.namedtuple compiles a __new__ from source for every class, and
 typing checks every annotation. A pod's first process defines every stage's value types (8.9 ms of its
-first 40 on the H100: docs/benchmarks.md); here a class costs ~30 µs. tests/unit/test_values.py holds the
-two alike. One difference: annotations stay as written (typing wraps a string in a ForwardRef, compiling
-it)."""
+first 40 on the H100: docs/benchmarks.md); here a class costs ~50 µs there (~30 µs on this CPU machine's
+3.11). tests/unit/test_values.py holds the two alike. One difference: annotations stay as written (typing
+wraps a string in a ForwardRef, compiling it)."""
 
 import types
 from collections.abc import Iterable
@@ -117,7 +117,8 @@ def value_type(cls: type[Value]) -> type[Value]:
     body = vars(cls)
     for name in fields:
         if name.startswith("_") or not name.isidentifier():
-            raise ValueError(f"{cls.__qualname__}: field names cannot start with an underscore: {name!r}")
+            why = "a field name is an identifier without a leading underscore"
+            raise ValueError(f"{cls.__qualname__}: {why}: {name!r}")
     defaults = tuple(body[name] for name in fields if name in body)
     if any(name not in body for name in fields[len(fields) - len(defaults) :]):
         raise TypeError(f"{cls.__qualname__}: a field without a default follows one with a default")
