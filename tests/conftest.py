@@ -17,6 +17,7 @@ import pytest
 from faultkit import Result, shared_reference
 from podkit import (
     DEFAULT_BUILD_DIR,
+    QUICK_EXIT,
     Pod,
     Run,
     as_kubelet_container,
@@ -99,9 +100,13 @@ _USERS_OWN = pytest.StashKey[dict]()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """`-m unit`: the pure steps (tests/unit, seconds); `-m pod`: everything that runs emulated pods."""
+    """`-m unit`: the pure steps (tests/unit, seconds); `-m pod`: everything that runs emulated pods. Tests
+    marked `long` go first: pytest-xdist's worksteal hands each worker a run of the list and steals from the
+    ends of those runs, so a test that waits most of a minute on daemons, begun last, would end the suite
+    alone (the Ray cluster: ~60 s, ~10 of them on a CPU)."""
     for item in items:
         item.add_marker(pytest.mark.unit if item.path.is_relative_to(UNIT_TESTS) else pytest.mark.pod)
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)
 
 
 @pytest.fixture(scope="session")
@@ -183,7 +188,7 @@ def run_python(tmp_path: Path) -> Callable[..., Run]:
         `prefix`: what runs it (faultkit's prefixes); `module`: `python -m module` runs instead of `code`."""
         record_dir = tmp_path / records
         child_env = child_environ(pod, record_dir, env)
-        command = [*prefix, python, *(("-m", module) if module else ("-c", code)), *args]
+        command = [*prefix, python, *(("-m", module) if module else ("-c", code + QUICK_EXIT)), *args]
         done = subprocess.run(
             as_kubelet_container(command, termination_log) if termination_log else command,
             env=child_env,

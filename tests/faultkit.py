@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from podkit import Pod, build_pod, guard_lines, scrubbed_environ
+from podkit import QUICK_EXIT, Pod, build_pod, guard_lines, scrubbed_environ
 
 from vllm_tmaguard.stages import ray_env
 
@@ -107,7 +107,7 @@ class Child:
         self.out, self.err = workdir / "stdout", workdir / "stderr"
         with open(self.out, "w") as out, open(self.err, "w") as err:
             self.process = subprocess.Popen(
-                [*prefix, sys.executable, "-c", code],
+                [*prefix, sys.executable, "-c", code + QUICK_EXIT],
                 env=child_env,
                 stdout=out,
                 stderr=err,

@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 PROBE = """\
 import importlib.metadata, json, sys
 hook = sys.modules.get("vllm_tmaguard._import_hook")
@@ -83,6 +85,7 @@ def test_a_venv_gets_the_pth_and_its_python_arms_the_guard_at_start(tmp_path: Pa
     assert tree(venv) == first  # a second run changes nothing
 
 
+@pytest.mark.long
 def test_from_a_wheel_it_places_what_pip_places(tmp_path: Path, release) -> None:
     """pip itself installs the release wheel into one venv, `tmaguard inject --wheel --venv` into another: the
     same files with the same bytes (but what only pip writes: INSTALLER, REQUESTED, direct_url.json and their

@@ -27,6 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import pytest
 import ray  # noqa: F401  (the test needs Ray in this environment: scripts/setup_env.sh installs it)
 from podkit import child_environ, guard_lines
 
@@ -109,6 +110,7 @@ def _stop(sessions: list[int], temp_dir: str) -> None:
         time.sleep(1)
 
 
+@pytest.mark.long
 def test_ray_workers_get_the_heads_toggles_and_their_own_records(pods, tmp_path) -> None:
     head_pod, worker_pod = pods("bare", **H100), pods("vcuda", **H100)
     head_records, worker_records = tmp_path / "head-records", tmp_path / "worker-records"

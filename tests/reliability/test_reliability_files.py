@@ -285,15 +285,29 @@ ODD_LIBRARY_PATHS = [
 ]
 
 
+# Which libcuda.so.1 the loader maps for a process started with these variables and this working directory,
+# and whether it exports the encoder vLLM's extension needs: the part of vLLM's start without the guard that
+# an LD_LIBRARY_PATH decides (the extension's own DT_NEEDED libcuda.so.1 is searched for the same way).
+LOADER_ONLY = """
+import ctypes, json
+library = ctypes.CDLL("libcuda.so.1")
+maps = open("/proc/self/maps").read().splitlines()
+mapped = {line.split()[-1] for line in maps if line.endswith("/libcuda.so.1") or "libcuda-control" in line}
+encoder = hasattr(library, "cuTensorMapEncodeTiled")
+print("RESULT " + json.dumps({"mapped": sorted(mapped), "encoder": encoder}))
+"""
+
+
 @pytest.mark.parametrize("library_path", ODD_LIBRARY_PATHS)
-def test_odd_library_path_entries(pods, tmp_path: Path, library_path: str) -> None:
+def test_odd_library_path_entries(off_reference, tmp_path: Path, library_path: str) -> None:
     """Odd LD_LIBRARY_PATH entries are not a fault: the guard resolves libcuda.so.1 to the file the loader
     then maps (checked in /proc/self/maps after vLLM's import), supplies what it lacks, and vLLM starts, as
-    on a plain vCUDA pod; without the guard it fails the same way it always does there."""
-    pod = pods("vcuda", nvml_is_layer=False)
-    odd = library_path.format(
-        lib=pod.lib_dir, missing=tmp_path / "missing", file=pod.lib_dir / "libcuda.so.1"
-    )
+    on a plain vCUDA pod; without the guard it fails the same way it always does there: the loader maps the
+    same layer file, without the encoder, as for the pod's plain path, where vLLM's start with the guard
+    off fails on it (the pod's reference run: faultkit.shared_reference)."""
+    pod, off = off_reference("vcuda", nvml_is_layer=False)
+    layer = pod.lib_dir / "libcuda.so.1"
+    odd = library_path.format(lib=pod.lib_dir, missing=tmp_path / "missing", file=layer)
     code = RESOLVE + (
         "\nimport os\nmaps = open('/proc/self/maps').read().splitlines()"
         "\nprint('MAPPED ' + json.dumps(sorted({l.split()[-1] for l in maps if 'libcuda-control' in l"
@@ -302,27 +316,25 @@ def test_odd_library_path_entries(pods, tmp_path: Path, library_path: str) -> No
     # Strict mode finds nothing to stop on: its vLLM start once (the first case), the guard alone in the
     # others (faultkit.assert_strict_goes_on).
     strict_alone = library_path != ODD_LIBRARY_PATHS[0]
+    codes = {"off": LOADER_ONLY, "guard": code, "strict": GUARD_ONLY if strict_alone else code}
     children = {
-        mode: Child(
-            pod,
-            GUARD_ONLY if strict_alone and mode == "strict" else code,
-            tmp_path / mode,
-            {"LD_LIBRARY_PATH": odd, **extra},
-            cwd=pod.root,
-        )
+        mode: Child(pod, codes[mode], tmp_path / mode, {"LD_LIBRARY_PATH": odd, **extra}, cwd=pod.root)
         for mode, extra in MODES.items()
     }
     runs = collect_all(children, 240)
-    assert runs["off"].outcome["error"].endswith(UNDEFINED)
+    assert off.outcome["error"].endswith(UNDEFINED)
+    loader = runs["off"].outcome
+    assert loader["encoder"] is False and len(loader["mapped"]) == 1, runs["off"].stdout
+    assert os.path.samefile(loader["mapped"][0], layer)
     for mode in ("guard", "strict") if not strict_alone else ("guard",):
         assert runs[mode].outcome == {"platform": "NvmlCudaPlatform"}, runs[mode].stdout
     if strict_alone:
         assert_strict_goes_on(runs["strict"], runs["guard"])
     record = runs["guard"].last_record()
-    assert os.path.samefile(record["libcuda"]["path"], pod.lib_dir / "libcuda.so.1")
+    assert os.path.samefile(record["libcuda"]["path"], layer)
     assert record["libcuda"]["how"] == "LD_LIBRARY_PATH" and record["problems"] == []
     mapped = json.loads(runs["guard"].stdout.split("MAPPED ", 1)[1].splitlines()[0])
-    assert any(os.path.samefile(m, pod.lib_dir / "libcuda.so.1") for m in mapped if "/overlay-" not in m)
+    assert any(os.path.samefile(m, layer) for m in mapped if "/overlay-" not in m)
 
 
 def test_library_path_with_a_token_the_guard_cannot_expand(pods, tmp_path: Path) -> None:
