@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from faultkit import GUARD_ONLY, RESOLVE, Result
-from podkit import Pod, build_pod, scrubbed_environ
+from podkit import QUICK_EXIT, Pod, build_pod, scrubbed_environ
 
 from vllm_tmaguard.stages.catalogue import OVERLAY_FILE
 
@@ -48,7 +48,7 @@ def run_as_arbitrary_user(image: tuple[Path, Pod], code: str = RESOLVE) -> tuple
     env = {**scrubbed_environ(), **pod.env, "PYTHONPATH": str(base / "site"), "HOME": "/tmp"}
     env.pop("TMAGUARD_RECORD_DIR", None)  # the uid's default, fresh: not the suite's (root's)
     user = ("setpriv", f"--reuid={uid}", "--regid=0", "--clear-groups", "--")
-    command = [*user, sys.executable, "-c", code]
+    command = [*user, sys.executable, "-c", code + QUICK_EXIT]
     records = Path(f"/tmp/tmaguard-{uid}")
     try:
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240, cwd="/tmp")

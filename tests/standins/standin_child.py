@@ -205,7 +205,7 @@ def run_child(
     """Run PRELUDE + code in a fresh interpreter inside `pod`; return its `out` dict."""
     script = PRELUDE + textwrap.dedent(code) + '\nprint("@@OUT@@" + json.dumps(out))\n'
     proc = subprocess.run(
-        [sys.executable, "-c", script],
+        [sys.executable, "-c", script + podkit.QUICK_EXIT],
         env=child_env(pod, extra, drop),
         capture_output=True,
         text=True,
