@@ -8,7 +8,8 @@ FOUND_LIBRARY_PATH = "LD_LIBRARY_PATH"
 FOUND_LD_SO_CACHE = "ld.so.cache"
 FOUND_DEFAULT_DIRS = "default directories"
 FOUND_NOTHING = "not found"
-FOUND_ON_THE_SYSTEM = (FOUND_LD_SO_CACHE, FOUND_DEFAULT_DIRS)  # steps TMAGUARD_ROOT redirects (trust.py)
+# The search steps TMAGUARD_ROOT redirects (stages/trust.py).
+FOUND_ON_THE_SYSTEM = (FOUND_LD_SO_CACHE, FOUND_DEFAULT_DIRS)
 
 # Problem codes.
 DRIVER_MISSING = "driver-missing"  # no libcuda.so.1 at all

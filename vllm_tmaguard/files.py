@@ -466,11 +466,11 @@ def default_record_dir() -> str:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Path trust (docs/SECURITY.md; trust.py applies it): a library the guard loads may be as writable as the
-# package code that loads it, never more. Whoever can change a path is the owner of each of its components,
-# and the group and others where a component is writable by them (a directory with the sticky bit, like /tmp,
-# may be world-writable: nobody else can rename or replace its entries there). Here, beside the door's other
-# checks: a replay that loads a library asks it again in every vLLM process.
+# Path trust (docs/SECURITY.md; stages/trust.py applies it): a library the guard loads may be as writable as
+# the package code that loads it, never more. Whoever can change a path is the owner of each of its
+# components, and the group and others where a component is writable by them (a directory with the sticky bit,
+# like /tmp, may be world-writable: nobody else can rename or replace its entries there). Here, beside the
+# door's other checks: a replay that loads a library asks it again in every vLLM process.
 
 
 def _changers(info: os.stat_result, last: bool) -> dict[str, str]:

@@ -21,6 +21,7 @@ from faultkit import (
     UNDEFINED,
     VLLM_DIR,
     Child,
+    Result,
     assert_as_without,
     assert_strict_goes_on,
     assert_strict_stops,
@@ -285,17 +286,26 @@ ODD_LIBRARY_PATHS = [
 ]
 
 
+# The libcuda.so.1 files mapped in this process (the layer's, or the overlay's and the layer's), printed after
+# "MAPPED ".
+MAPPED_LIBCUDA = """
+import json as _json
+_maps = open("/proc/self/maps").read().splitlines()
+_mapped = {l.split()[-1] for l in _maps if l.endswith("/libcuda.so.1") or "libcuda-control" in l}
+print("MAPPED " + _json.dumps(sorted(_mapped)))
+"""
 # Which libcuda.so.1 the loader maps for a process started with these variables and this working directory,
 # and whether it exports the encoder vLLM's extension needs: the part of vLLM's start without the guard that
 # an LD_LIBRARY_PATH decides (the extension's own DT_NEEDED libcuda.so.1 is searched for the same way).
 LOADER_ONLY = """
 import ctypes, json
 library = ctypes.CDLL("libcuda.so.1")
-maps = open("/proc/self/maps").read().splitlines()
-mapped = {line.split()[-1] for line in maps if line.endswith("/libcuda.so.1") or "libcuda-control" in line}
-encoder = hasattr(library, "cuTensorMapEncodeTiled")
-print("RESULT " + json.dumps({"mapped": sorted(mapped), "encoder": encoder}))
-"""
+print("RESULT " + json.dumps({"encoder": hasattr(library, "cuTensorMapEncodeTiled")}))
+""" + MAPPED_LIBCUDA
+
+
+def _mapped(run: Result) -> list[str]:
+    return json.loads(run.stdout.split("MAPPED ", 1)[1].splitlines()[0])
 
 
 @pytest.mark.parametrize("library_path", ODD_LIBRARY_PATHS)
@@ -308,11 +318,7 @@ def test_odd_library_path_entries(off_reference, tmp_path: Path, library_path: s
     pod, off = off_reference("vcuda", nvml_is_layer=False)
     layer = pod.lib_dir / "libcuda.so.1"
     odd = library_path.format(lib=pod.lib_dir, missing=tmp_path / "missing", file=layer)
-    code = RESOLVE + (
-        "\nimport os\nmaps = open('/proc/self/maps').read().splitlines()"
-        "\nprint('MAPPED ' + json.dumps(sorted({l.split()[-1] for l in maps if 'libcuda-control' in l"
-        " or l.endswith('/libcuda.so.1')})))"
-    )
+    code = RESOLVE + MAPPED_LIBCUDA
     # Strict mode finds nothing to stop on: its vLLM start once (the first case), the guard alone in the
     # others (faultkit.assert_strict_goes_on).
     strict_alone = library_path != ODD_LIBRARY_PATHS[0]
@@ -323,9 +329,9 @@ def test_odd_library_path_entries(off_reference, tmp_path: Path, library_path: s
     }
     runs = collect_all(children, 240)
     assert off.outcome["error"].endswith(UNDEFINED)
-    loader = runs["off"].outcome
-    assert loader["encoder"] is False and len(loader["mapped"]) == 1, runs["off"].stdout
-    assert os.path.samefile(loader["mapped"][0], layer)
+    assert runs["off"].outcome == {"encoder": False}, runs["off"].stdout
+    loaded = _mapped(runs["off"])
+    assert len(loaded) == 1 and os.path.samefile(loaded[0], layer), loaded
     for mode in ("guard", "strict") if not strict_alone else ("guard",):
         assert runs[mode].outcome == {"platform": "NvmlCudaPlatform"}, runs[mode].stdout
     if strict_alone:
@@ -333,8 +339,7 @@ def test_odd_library_path_entries(off_reference, tmp_path: Path, library_path: s
     record = runs["guard"].last_record()
     assert os.path.samefile(record["libcuda"]["path"], layer)
     assert record["libcuda"]["how"] == "LD_LIBRARY_PATH" and record["problems"] == []
-    mapped = json.loads(runs["guard"].stdout.split("MAPPED ", 1)[1].splitlines()[0])
-    assert any(os.path.samefile(m, layer) for m in mapped if "/overlay-" not in m)
+    assert any(os.path.samefile(m, layer) for m in _mapped(runs["guard"]) if "/overlay-" not in m)
 
 
 def test_library_path_with_a_token_the_guard_cannot_expand(pods, tmp_path: Path) -> None:
