@@ -67,23 +67,33 @@ def _controller() -> bool:
     return "PYTEST_XDIST_WORKER" not in os.environ  # with xdist: before every worker and after them all
 
 
+def _tmp_names() -> set[str]:
+    return set(os.listdir("/tmp")) - {Path(SUITE_RECORDS).name}  # the suite's own goes in pytest_unconfigure
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     if _controller():
         session.config.stash[_USERS_OWN] = {path: _snapshot(path) for path in USERS_OWN}
+        session.config.stash[_TMP_BEFORE] = _tmp_names()
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """The suite fails where it changed the user's own directories (USERS_OWN)."""
+    """The suite fails where it changed the user's own directories (USERS_OWN) or left entries in /tmp: a
+    test's files belong in its own tmp_path (once, a test left 42 directories there a run, and a fault kit
+    that bound every entry of /tmp took seconds for each of its children)."""
     if not _controller() or _USERS_OWN not in session.config.stash:
         return
     changed = []
+    left = sorted(_tmp_names() - session.config.stash[_TMP_BEFORE])
+    if left:
+        changed.append(f"/tmp: {len(left)} entries left, e.g. {', '.join(left[:5])}")
     for path, before in session.config.stash[_USERS_OWN].items():
         old, new = before or {}, _snapshot(path) or {}
         touched = sorted(entry for entry in {*old, *new} if old.get(entry) != new.get(entry))
         if touched:
             changed.append(f"{path}: {len(touched)} entries changed, e.g. {', '.join(touched[:5])}")
     if changed:
-        message = "\n".join(["The suite changed the user's own directories (tests use their own):", *changed])
+        message = "\n".join(["The suite changed what is not its own (tests use their own):", *changed])
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
             reporter.write("\n" + message + "\n", red=True)  # after the progress line
@@ -97,6 +107,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 _USERS_OWN = pytest.StashKey[dict]()
+_TMP_BEFORE = pytest.StashKey[set]()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

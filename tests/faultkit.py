@@ -24,16 +24,19 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import podkit
 import pytest
 from podkit import QUICK_EXIT, Pod, build_pod, guard_lines, scrubbed_environ
 
@@ -278,11 +281,13 @@ def assert_strict_stops(run: Result, *causes: str) -> None:
 # Real faults from the kernel: prefixes for the child's command line
 
 
-def _works(prefix: tuple[str, ...]) -> bool:
+def _fails(prefix: tuple[str, ...]) -> str:
+    """Why `prefix` cannot run a command here ("" where it can)."""
     try:
-        return subprocess.run([*prefix, "true"], capture_output=True, timeout=30).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
+        done = subprocess.run([*prefix, "true"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return str(error)
+    return "" if done.returncode == 0 else f"exit {done.returncode}: {done.stderr.strip()[-600:]}"
 
 
 def without_dac_override() -> tuple[str, ...]:
@@ -290,8 +295,8 @@ def without_dac_override() -> tuple[str, ...]:
     if os.geteuid() != 0:
         return ()
     prefix = (shutil.which("setpriv") or "setpriv", "--bounding-set=-dac_override,-dac_read_search", "--")
-    if not _works(prefix):
-        pytest.fail("setpriv (util-linux) is needed to make file modes bind for root: install util-linux")
+    if why := _fails(prefix):
+        pytest.fail(f"setpriv (util-linux) is needed to make file modes bind for root ({why})")
     return prefix
 
 
@@ -301,22 +306,25 @@ def private_mounts(script: str, *args: str) -> tuple[str, ...]:
     unshare = shutil.which("unshare") or "unshare"
     flags = "-m" if os.geteuid() == 0 else "-rm"
     prefix = (unshare, flags, "sh", "-c", f'{script} && shift {len(args)} && exec "$@"', "sh", *args)
-    if not _works(prefix):
-        pytest.fail("unshare (util-linux) with mount namespaces is needed for this fault: install util-linux")
+    if why := _fails(prefix):
+        pytest.fail(f"a private mount namespace (util-linux's unshare) is needed for this fault ({why})")
     return prefix
 
 
-# A private /tmp (a tmpfs holding the real one's entries, bound) in which the guard's default record
-# directory, /tmp/tmaguard-<uid>, is $1: a test of the fall-back to it never touches the user's own. The old
-# /tmp is reached through a descriptor opened before the tmpfs covers it (paths not canonicalised: that
-# would name the covered /tmp again).
-_DEFAULT_RECORD_DIR_AT = r"""set -e
+# A private /tmp (a tmpfs) in which the guard's default record directory, /tmp/tmaguard-<uid>, is $1: a test
+# of the fall-back to it never touches the user's own. Of the real /tmp, only the entries the child needs
+# are bound there (TMP_ENTRIES_IN_USE): binding every entry cost seconds where /tmp held thousands, and
+# raced with other processes removing theirs. The old /tmp is reached through a descriptor opened before
+# the tmpfs covers it (paths not canonicalised: that would name the covered /tmp again).
+def _default_record_dir_script(keep: set[str]) -> str:
+    names = " ".join(shlex.quote(name) for name in sorted(keep))
+    return rf"""set -e
 records_at=$1 default=/tmp/tmaguard-$(id -u)
 exec 3</tmp
 mount -t tmpfs -o mode=1777 tmpfs /tmp
-for old in /proc/self/fd/3/* /proc/self/fd/3/.[!.]*; do
-  new=/tmp/${old#/proc/self/fd/3/}
-  if [ "$new" = "$default" ] || ! { [ -e "$old" ] || [ -L "$old" ]; }; then continue; fi
+for name in {names}; do
+  old=/proc/self/fd/3/$name new=/tmp/$name
+  if [ "$new" = "$default" ] || ! {{ [ -e "$old" ] || [ -L "$old" ]; }}; then continue; fi
   if [ -L "$old" ]; then cp -P "$old" "$new"
   elif [ -d "$old" ]; then mkdir "$new" && mount --no-canonicalize --rbind "$old" "$new"
   else touch "$new" && mount --no-canonicalize --bind "$old" "$new"; fi
@@ -326,10 +334,23 @@ mount --bind "$records_at" "$default"
 exec 3<&-"""
 
 
+def _tmp_entries(paths: list[str]) -> set[str]:
+    """The names of the entries of /tmp that hold `paths` (those not under /tmp hold none)."""
+    parts = (Path(os.path.abspath(path)).parts for path in paths)
+    return {p[2] for p in parts if len(p) > 2 and p[:2] == ("/", "tmp")}
+
+
+def _tmp_entries_in_use(*paths: str) -> set[str]:
+    """What a test's child needs of /tmp: `paths` (the test's own), the suite's record directory, and this
+    Python, its environment and the repository, wherever they are (a clone in /tmp)."""
+    ours = [sys.prefix, sys.base_prefix, str(Path(__file__).resolve().parents[1]), tempfile.gettempdir()]
+    return _tmp_entries([*paths, *ours, *filter(None, [podkit.SUITE_RECORD_DIR])])
+
+
 def default_record_dir_at(scratch: Path) -> tuple[str, ...]:
     """A prefix under which the guard's default record directory is `scratch` (a directory the test made
     0700), so that what the guard writes there after refusing TMAGUARD_RECORD_DIR lands in the test's own."""
-    return private_mounts(_DEFAULT_RECORD_DIR_AT, str(scratch))
+    return private_mounts(_default_record_dir_script(_tmp_entries_in_use(str(scratch))), str(scratch))
 
 
 def read_only(directory: Path, default_records: Path | None = None) -> tuple[str, ...]:
@@ -337,7 +358,8 @@ def read_only(directory: Path, default_records: Path | None = None) -> tuple[str
     guard writes when TMAGUARD_RECORD_DIR, on the read-only file system, is refused)."""
     if default_records is None:
         return private_mounts('mount --bind "$1" "$1" && mount -o remount,bind,ro "$1"', str(directory))
-    script = f'{_DEFAULT_RECORD_DIR_AT}\nmount --bind "$2" "$2" && mount -o remount,bind,ro "$2"'
+    keep = _tmp_entries_in_use(str(default_records), str(directory))
+    script = f'{_default_record_dir_script(keep)}\nmount --bind "$2" "$2" && mount -o remount,bind,ro "$2"'
     return private_mounts(script, str(default_records), str(directory))
 
 

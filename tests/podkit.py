@@ -116,7 +116,8 @@ def child_environ(
 # A private mount namespace whose /dev is a tmpfs holding the usual device nodes (bound from the real /dev)
 # and a /dev/termination-log that is the file given as $2, bound ($1 = bind) or a symbolic link to it
 # ($1 = link: a container whose termination-message path someone replaced with a link): what a Kubernetes
-# container sees, without a file in this machine's /dev.
+# container sees, without a file in this machine's /dev. The real /dev is held at an empty directory made in
+# /tmp (the namespace's mounts are its own, its directories are not), removed once the nodes are bound.
 _KUBELET_DEV = r"""set -e
 how=$1 termination_log=$2; shift 2
 saved=$(mktemp -d); mount --rbind /dev "$saved"
@@ -126,6 +127,7 @@ for node in null zero full random urandom tty; do
 done
 ln -s /proc/self/fd /dev/fd; ln -s /proc/self/fd/0 /dev/stdin; ln -s /proc/self/fd/1 /dev/stdout
 ln -s /proc/self/fd/2 /dev/stderr; mkdir /dev/shm; mount --bind "$saved/shm" /dev/shm 2> /dev/null || true
+umount -l "$saved"; rmdir "$saved"
 if [ "$how" = link ]; then ln -s "$termination_log" /dev/termination-log
 else touch /dev/termination-log; mount --bind "$termination_log" /dev/termination-log; fi
 exec "$@"

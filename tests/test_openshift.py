@@ -45,7 +45,9 @@ def run_as_arbitrary_user(image: tuple[Path, Pod], code: str = RESOLVE) -> tuple
     """The vLLM platform import (or `code`) as an arbitrary uid in group 0; (the run, its guard record)."""
     base, pod = image
     uid = 1000680000 + random.randrange(10000)  # OpenShift's range; fresh, so its record dir is too
+    # torch's compile cache would be /tmp/torchinductor_uid_<uid>, one more for every run: the image's own
     env = {**scrubbed_environ(), **pod.env, "PYTHONPATH": str(base / "site"), "HOME": "/tmp"}
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(base / "torchinductor")
     env.pop("TMAGUARD_RECORD_DIR", None)  # the uid's default, fresh: not the suite's (root's)
     user = ("setpriv", f"--reuid={uid}", "--regid=0", "--clear-groups", "--")
     command = [*user, sys.executable, "-c", code + QUICK_EXIT]

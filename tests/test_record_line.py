@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,15 +21,23 @@ SETTINGS = {
     "overlay-off": {"TMAGUARD_OVERLAY": "off"},
     "validate": {"TMAGUARD_MODE": "validate"},
 }
+
+
+@pytest.fixture
+def records() -> Iterator[str]:
+    """A record directory as short as the default one (/tmp/tmaguard-<uid>), so no part is cut for room."""
+    directory = tempfile.mkdtemp(prefix="tg-")
+    yield directory
+    shutil.rmtree(directory)
+
+
 ACTIVATE = "from vllm_tmaguard.guard import activate; activate('test'); print('RESULT {}')"
 
 
 @pytest.mark.parametrize("setting", SETTINGS)
 @pytest.mark.parametrize("gpu", GPUS)
 @pytest.mark.parametrize("kind", KINDS)
-def test_one_short_line_that_points_at_the_full_record(pods, run_python, kind, gpu, setting) -> None:
-    # A record directory as short as the default one (/tmp/tmaguard-<uid>), so no part is cut for room.
-    records = tempfile.mkdtemp(prefix="tg-")
+def test_one_short_line_that_points_at_the_full_record(pods, run_python, records, kind, gpu, setting) -> None:
     env = {**SETTINGS[setting], "VLLM_LOGGING_LEVEL": "DEBUG", "TMAGUARD_RECORD_DIR": records}
     run = run_python(pods(kind, **GPUS[gpu]), ACTIVATE, env)
     (line,) = run.guard_lines()  # run_python has checked the length of every guard line already
