@@ -46,7 +46,8 @@ def test_forked_child_writes_its_own_record(pods, run_python) -> None:
 
 
 def test_process_records_are_bounded(pods, run_python) -> None:
-    """Each process adds a file: the directory keeps the newest 64, whatever ran before. (The guard's
+    """Each process adds a file: the directory keeps the newest 64, pruned back to them once 80 are there
+    (issue.PROCESS_RECORDS_SLACK: ranking by age stats every record), whatever ran before. (The guard's
     activation alone, as vLLM's import hook runs it: keeping the directory bounded is the guard's write.)"""
     pod = pods("vcuda")
     code = (
@@ -54,12 +55,15 @@ def test_process_records_are_bounded(pods, run_python) -> None:
         "print('RESULT ' + json.dumps(os.getpid()))"
     )
     first = run_python(pod, code)
-    stale = [first.record_dir / f"process-{pid}.json" for pid in range(1, 80)]
+    stale = [first.record_dir / f"process-{pid}.json" for pid in range(1, 79)]
     now = time.time()
     for pid, path in enumerate(stale, start=1):
         path.write_text("{}")
         os.utime(path, (now - 60 * pid, now - 60 * pid))  # pid N is N minutes old: names do not sort by age
     os.utime(first.record_dir / f"process-{first.result}.json", (now - 86400, now - 86400))
+    within = run_python(pod, code)  # 80 records with its own: none removed
+    assert len(list(within.record_dir.glob("process-*.json"))) == 80
+    os.utime(first.record_dir / f"process-{within.result}.json", (now - 90000, now - 90000))
     run = run_python(pod, code)
     kept = sorted(p.name for p in run.record_dir.glob("process-*.json"))
     assert len(kept) == 64 and f"process-{run.result}.json" in kept

@@ -239,7 +239,6 @@ def wheel_configmap(
     deploy/k8s/overlays/vcuda-stock-image, and its pin as DIR/wheel-pin.yaml, the overlay's patch of the init
     container. Every wheel's RECORD is checked first; the digests to pin on the init container
     (TMAGUARD_WHEEL_SHA256) are printed on stderr."""
-    from . import files
     from .install.manifests.configmap import wheel_configmap as make
     from .install.manifests.stream import dump
     from .install.manifests.zero_image import (
@@ -250,6 +249,7 @@ def wheel_configmap(
         pin_variable,
     )
     from .install.wheel import sha256
+    from .stages import door
 
     found = [_checked_wheel(path) for path in wheels]
     variable = pin_variable(tuple(sha256(w.data) for w in found))
@@ -260,8 +260,8 @@ def wheel_configmap(
             raise typer.Exit(EXIT_USAGE)
         pinned = overlay_pin_patch((sha256(found[0].data),)).encode()
         try:
-            written = files.install_file(into, OVERLAY_WHEEL, found[0].data, 0o644)
-            pin_file = files.install_file(into, OVERLAY_PIN, pinned, 0o644)
+            written = door.install_file(into, OVERLAY_WHEEL, found[0].data, 0o644)
+            pin_file = door.install_file(into, OVERLAY_PIN, pinned, 0o644)
         except OSError as error:
             _echo(f"tmaguard wheel-configmap: {into}: refused: {error}", err=True)
             raise typer.Exit(EXIT_FINDINGS) from error

@@ -1,4 +1,4 @@
-"""The one door to every file the package touches (docs/design.md §4.2). Nothing else in the package opens,
+"""The one door to every file the package touches (docs/design.md §4.2; stages/door.py is its other room).
 lists, creates or renames a file; what it checks, it checks here, once:
 
   - never blocks: every open has O_NONBLOCK and is followed by a type check (a FIFO or a device is refused);
@@ -12,8 +12,10 @@ lists, creates or renames a file; what it checks, it checks here, once:
   - what the probes read is noted, with the observation taken as they read it (the verdict cache's inputs
     are what was read, not worked out a second time: verdict.py).
 
-Standard library only: every vLLM process comes through here. Long because it is the one place every check
-on a file lives, for reading and for writing (one module fewer for every vLLM process to import, too)."""
+Standard library only: every vLLM process comes through here. What only the full run, the doctor and the
+installers do (the probes' other noted reads, installation writes, scratch directories) is the door's other
+room, stages/door.py, under these same checks: a replay does not import it. Long because it is the one place
+every check a replay makes on a file lives, for reading and for writing."""
 
 from __future__ import annotations
 
@@ -143,40 +145,15 @@ def renew(path: str) -> None:
         _notes.renew(path)
 
 
-def _note(kind: str, path: str, seen: Any) -> None:
+def note(kind: str, path: str, seen: Any) -> None:
+    """Notes a read of `path` (while noting): the door's, and its other room's (stages/door.py)."""
     if _notes is not None:
         _notes.add(kind, path, seen)
 
 
 # ---------------------------------------------------------------------------------------------------------
-# What the probes read: system files, links followed as the loader follows them
-
-
-def stat(path: str) -> os.stat_result | None:
-    """os.stat, noted; None where it fails."""
-    try:
-        info = os.stat(path)
-    except OSError as error:
-        _note("stat", path, ["error", error.errno])
-        return None
-    _note("stat", path, observation("stat", info))
-    return info
-
-
-def is_directory(path: str) -> bool:
-    """Whether `path` is a directory (links followed), noted by its stat."""
-    info = stat(path)
-    return info is not None and stat_module.S_ISDIR(info.st_mode)
-
-
-def seen(path: str) -> list[Any]:
-    """The "stat" observation of `path` (or its error), noted."""
-    try:
-        found = observation("stat", os.stat(path))
-    except OSError as error:
-        found = ["error", error.errno]
-    _note("stat", path, found)
-    return found
+# Reading: what every process reads (a /proc file, vLLM's --config file, its private directory), and the
+# components a trust check walks. The probes' other reads are in stages/door.py.
 
 
 def lstat(path: str) -> os.stat_result:
@@ -184,52 +161,10 @@ def lstat(path: str) -> os.stat_result:
     try:
         info = os.lstat(path)
     except OSError as error:
-        _note("owner", path, ["error", error.errno])
+        note("owner", path, ["error", error.errno])
         raise
-    _note("owner", path, observation("owner", info))
+    note("owner", path, observation("owner", info))
     return info
-
-
-def exists(path: str) -> bool:
-    """Whether `path` exists (links followed), noted as such alone."""
-    there = os.path.exists(path)
-    _note("exists", path, [there])
-    return there
-
-
-def listdir(path: str) -> list[str]:
-    """The directory's entries, sorted, noted. Raises OSError."""
-    try:
-        names = sorted(os.listdir(path))
-    except OSError as error:
-        _note("list", path, ["error", error.errno])
-        raise
-    _note("list", path, names)
-    return names
-
-
-def glob(pattern: str) -> list[str]:
-    """The paths matching `pattern` (fnmatch's wildcards in any component; as glob's, a name with a leading
-    dot only where the component starts with one), sorted; every directory looked in is listed by listdir
-    (noted). A directory that cannot be listed matches nothing."""
-    from fnmatch import fnmatchcase  # the doctor's: not on every vLLM process's import path
-
-    head, name = os.path.split(pattern)
-    magic = any(c in name for c in "*?[")
-    parents = glob(head) if head != pattern and any(c in head for c in "*?[") else [head]
-    found = []
-    for parent in parents:
-        if not magic:
-            if exists(os.path.join(parent, name)):
-                found.append(os.path.join(parent, name))
-            continue
-        try:
-            names = listdir(parent or os.curdir)
-        except OSError:
-            continue
-        hidden = name.startswith(".")
-        found += [os.path.join(parent, n) for n in names if fnmatchcase(n, name) and (hidden or n[0] != ".")]
-    return sorted(found)
 
 
 def realpath(path: str) -> str:
@@ -254,7 +189,7 @@ def components(path: str) -> list[str]:
     return parts
 
 
-def _open_regular(path: str, limit: int | None, *, dir_fd: int | None = None, follow: bool = True) -> int:
+def open_regular(path: str, limit: int | None, *, dir_fd: int | None = None, follow: bool = True) -> int:
     """A descriptor of a regular file (a /proc file counts) opened without blocking, or OSError (Refused for
     another type, or a file larger than `limit`)."""
     fd = os.open(path, _FLAGS | (0 if follow else os.O_NOFOLLOW), dir_fd=dir_fd)
@@ -289,10 +224,10 @@ def read_bytes(path: str, limit: int = SYSTEM_FILE_LIMIT, *, noted: bool = True)
     nothing), else by the stat of the very file read. Raises OSError (Refused: not a regular file, too
     large)."""
     try:
-        fd = _open_regular(path, limit)
+        fd = open_regular(path, limit)
     except OSError as error:
         if noted:
-            _note("read" if _proc(path) else "stat", path, ["error", error.errno])
+            note("read" if _proc(path) else "stat", path, ["error", error.errno])
         raise
     try:
         info = os.fstat(fd)
@@ -301,7 +236,7 @@ def read_bytes(path: str, limit: int = SYSTEM_FILE_LIMIT, *, noted: bool = True)
         os.close(fd)
     if noted:
         kind = "read" if _proc(path) else "stat"
-        _note(kind, path, data.decode("utf-8", "replace") if kind == "read" else observation("stat", info))
+        note(kind, path, data.decode("utf-8", "replace") if kind == "read" else observation("stat", info))
     return data
 
 
@@ -316,59 +251,8 @@ def read_shared_file(path: str, limit: int) -> bytes:
     return read_bytes(path, limit, noted=False)
 
 
-def _open_noted(path: str) -> tuple[int, os.stat_result]:
-    """A regular file opened without blocking (links followed), noted by the stat of the very file opened
-    (or its error). The caller closes it. Raises OSError."""
-    try:
-        fd = _open_regular(path, None)
-    except OSError as error:
-        _note("stat", path, ["error", error.errno])
-        raise
-    try:
-        info = os.fstat(fd)
-    except BaseException:
-        os.close(fd)
-        raise
-    _note("stat", path, observation("stat", info))
-    return fd, info
-
-
-def read_head(path: str, size: int) -> bytes:
-    """The first `size` bytes of a regular file (links followed), noted by its stat. Raises OSError."""
-    fd, _ = _open_noted(path)
-    try:
-        return os.read(fd, size)
-    finally:
-        os.close(fd)
-
-
-def read_text(path: str, limit: int = SYSTEM_FILE_LIMIT) -> str | None:
-    """read_bytes decoded (undecodable bytes replaced); None where it cannot be read."""
-    try:
-        return read_bytes(path, limit).decode("utf-8", "replace")
-    except OSError:
-        return None
-
-
-@contextlib.contextmanager
-def mapped(path: str) -> Iterator[tuple[Any, int]]:
-    """A regular file mapped read-only, with its size, noted by its stat; an empty file maps as b"". Raises
-    OSError."""
-    import mmap
-
-    fd, info = _open_noted(path)
-    try:
-        if info.st_size == 0:
-            yield b"", 0
-            return
-        with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as image:
-            yield image, info.st_size
-    finally:
-        os.close(fd)
-
-
 # ---------------------------------------------------------------------------------------------------------
-# Directories the package writes to: its private directory, and where the operator installs it
+# Directories the package writes to: its private directory (installation directories: stages/door.py)
 
 
 def private_problem(info: os.stat_result) -> str | None:
@@ -424,7 +308,7 @@ def read_private(directory_path: str, name: str, limit: int = PRIVATE_JSON_LIMIT
     with directory(directory_path) as dir_fd:
         path = os.path.join(directory_path, name)
         try:
-            fd = _open_regular(name, limit, dir_fd=dir_fd, follow=False)
+            fd = open_regular(name, limit, dir_fd=dir_fd, follow=False)
         except Refused as refused:  # named by its path, not by its name in the directory
             raise Refused(path, refused.why) from None
         except OSError as error:
@@ -545,7 +429,7 @@ def path_problem(path: str, private: bool = False) -> str | None:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Writes: the private directory, and where the operator installs the package or the overlay
+# Writes: the private directory (installation writes: stages/door.py)
 
 TEMPORARY_SUFFIX = ".tmp"
 STALE_TEMPORARY_S = 60  # a temporary file older than this belongs to a process that died writing it
@@ -565,38 +449,12 @@ def append_line(path: str, line: str) -> None:
         os.close(fd)
 
 
-def discard_into_null(fd: int) -> None:
-    """Makes descriptor `fd` write into /dev/null (an output that failed: what is left is dropped). Raises
-    OSError."""
-    null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
-    try:
-        os.dup2(null, fd)
-    finally:
-        os.close(null)
-
-
-def make_private_dirs(path: str) -> None:
-    """mkdir -p with mode 0700 for every directory it creates (os.makedirs gives parents 0777 & ~umask).
-    Follows nothing it did not create: the checks come after (directory())."""
-    missing = []
-    current = path
-    while not os.path.lexists(current):
-        missing.append(current)
-        parent = os.path.dirname(current)
-        if parent == current:
-            break
-        current = parent
-    for created in reversed(missing):
-        with contextlib.suppress(FileExistsError):  # created concurrently: checked like any other
-            os.mkdir(created, 0o700)
-
-
 def temporary_name(name: str) -> str:
     """Unique across processes, PID namespaces too: the pid and 64 random bits."""
     return f".{name}.{os.getpid()}-{os.urandom(8).hex()}{TEMPORARY_SUFFIX}"
 
 
-def _write_in(dir_fd: int, name: str, data: bytes, mode: int, path: str) -> None:
+def write_in(dir_fd: int, name: str, data: bytes, mode: int, path: str) -> None:
     """`name` written atomically in the directory `dir_fd` (whose path is `path`)."""
     temporary = temporary_name(name)
     fd = os.open(temporary, _NEW, 0o600, dir_fd=dir_fd)
@@ -632,7 +490,7 @@ class PrivateDirectory:
 
     def write(self, name: str, data: bytes, mode: int = 0o600) -> str:
         """Writes `name` atomically; its path."""
-        _write_in(self.fd, name, data, mode, self.path)
+        write_in(self.fd, name, data, mode, self.path)
         return os.path.join(self.path, name)
 
     def link(self, source: str, name: str) -> None:
@@ -652,16 +510,18 @@ class PrivateDirectory:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary, dir_fd=self.fd)
 
-    def prune(self, prefix: str, suffix: str, keep: int) -> None:
-        """Keeps the newest `keep` files named prefix*suffix and removes the stale temporary files, here and
-        in the subdirectories (the overlay's: sweep). Never raises."""
+    def prune(self, prefix: str, suffix: str, keep: int, slack: int = 0) -> None:
+        """Keeps the newest `keep` files named prefix*suffix once more than keep + `slack` are there (each
+        file's age is a stat call: with slack, one writer in `slack` pays for them, not every writer), and
+        removes the stale temporary files, here and in the subdirectories (the overlay's: sweep). Never
+        raises."""
         with contextlib.suppress(OSError):
             with os.scandir(self.fd) as listed:
                 entries = [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in listed]
             names = [name for name, _ in entries]
             kept = [n for n in names if n.startswith(prefix) and n.endswith(suffix)]
             removed = self._stale(names)
-            if len(kept) > keep:
+            if len(kept) > keep + slack:
                 removed += beyond_newest(self._mtimes(kept), keep)
             self._remove(removed)
             for name in (name for name, is_directory in entries if is_directory):
@@ -714,98 +574,3 @@ def write_private(directory_path: str, name: str, data: bytes, mode: int = 0o600
     """Writes `name` in the private directory atomically; its path. Raises OSError (files.Refused)."""
     with private(directory_path) as opened:
         return opened.write(name, data, mode)
-
-
-def _install_parts(directory_path: str, relative: str) -> list[str]:
-    parts = [part for part in relative.split("/") if part not in ("", ".")]
-    if not parts or ".." in parts:
-        raise Refused(os.path.join(directory_path, relative), "is not a path inside the directory")
-    return parts
-
-
-def _install_dirs(
-    stack: contextlib.ExitStack, directory_path: str, parts: list[str], create: bool
-) -> tuple[int | None, str]:
-    """The directory the file of `parts` goes in, and its path: every directory on the way opened without
-    following a link and checked installable, created 0755 where absent if `create`, else (None, its path)
-    at the first one absent. Raises OSError (Refused, naming the directory)."""
-    dir_fd = stack.enter_context(directory(directory_path, private=False))
-    walked = directory_path
-    for part in parts[:-1]:
-        walked = os.path.join(walked, part)
-        if create:
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(part, 0o755, dir_fd=dir_fd)
-        try:
-            dir_fd = stack.enter_context(directory(part, private=False, at=dir_fd))
-        except FileNotFoundError:
-            if create:
-                raise
-            return None, walked
-        except Refused as refused:
-            raise Refused(walked, refused.why) from None
-    return dir_fd, walked
-
-
-def check_install(directory_path: str, relative: str) -> None:
-    """What install_file(directory_path, relative) would refuse, found before anything is written (a refused
-    install writes nothing): every directory on the way that exists, opened without following a link and
-    checked installable, and no directory in the file's place. Creates nothing. Raises OSError (Refused)."""
-    parts = _install_parts(directory_path, relative)
-    with contextlib.ExitStack() as stack:
-        dir_fd, walked = _install_dirs(stack, directory_path, parts, create=False)
-        if dir_fd is None:
-            return  # the install creates it, and what is under it
-        try:
-            info = os.stat(parts[-1], dir_fd=dir_fd, follow_symlinks=False)
-        except FileNotFoundError:
-            return
-        if stat_module.S_ISDIR(info.st_mode):
-            raise Refused(os.path.join(walked, parts[-1]), "is a directory, where a file is to be written")
-
-
-def install_file(directory_path: str, relative: str, data: bytes, mode: int) -> str:
-    """Writes `relative` (a/b/file) under an installation directory (`tmaguard env`, `tmaguard inject`):
-    every directory on the way opened without following a link and checked installable (created 0755 where
-    absent), the file written atomically, so a link planted in its place is replaced, never followed. Returns
-    its path. Raises OSError (Refused)."""
-    parts = _install_parts(directory_path, relative)
-    with contextlib.ExitStack() as stack:
-        dir_fd, walked = _install_dirs(stack, directory_path, parts, create=True)
-        assert dir_fd is not None  # created
-        _write_in(dir_fd, parts[-1], data, mode, walked)
-    return os.path.join(directory_path, *parts)
-
-
-def make_install_dirs(path: str) -> None:
-    """mkdir -p with mode 0755 (an installation directory: tighten and the trust check come after)."""
-    os.makedirs(path, mode=0o755, exist_ok=True)
-
-
-@contextlib.contextmanager
-def scratch_directory(prefix: str) -> Iterator[str]:
-    """A new private directory (tempfile.mkdtemp: 0700, a random name), removed with what is in it after."""
-    import shutil
-    import tempfile
-
-    path = tempfile.mkdtemp(prefix=prefix)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def tighten(directory_path: str) -> str | None:
-    """Makes an installation directory this user owns 0755 when group or others could write to it (kubelet
-    makes emptyDir volumes 0777); what was done, in words, or None. Raises OSError."""
-    fd = os.open(directory_path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        info = os.fstat(fd)
-        mode = stat_module.S_IMODE(info.st_mode)
-        if info.st_uid != os.geteuid() or not mode & 0o022:
-            return None
-        os.fchmod(fd, mode & ~0o022)
-        tightened = mode & ~0o022
-        return f"{directory_path} was mode {mode:04o}: made {tightened:04o} (only its owner may change it)"
-    finally:
-        os.close(fd)

@@ -2,10 +2,10 @@
 planted where it writes (issue 25, item 5). DIR is a volume: kubelet makes an emptyDir root's and 0777, so a
 co-tenant (another uid in the pod) may have put links or its own subdirectories there first. At 1cc570e
 inject copied the package with shutil.copy2, through any link in its way: a root-owned file was overwritten.
-Now every file goes through the door's install writes (files.install_file): a link in a file's place is
-replaced (a new file renamed over it), a directory on the way is opened without following a link and must be
-root's or this user's and closed to others, else inject refuses with the path and why; nothing is written
-through a link either way."""
+Now every file goes through the door's install writes (stages/door.py's install_file): a link in a file's
+place is replaced (a new file renamed over it), a directory on the way is opened without following a link
+and must be root's or this user's and closed to others, else inject refuses with the path and why; nothing
+is written through a link either way."""
 
 from __future__ import annotations
 

@@ -224,10 +224,10 @@ def preload_check() -> list[dict[str, Any]]:
     /etc/ld.so.preload) and whether it is in /proc/self/maps: whether the layer is in force in a process
     started as the pod starts them."""
     from vllm_tmaguard import files, process
-    from vllm_tmaguard.stages import layers, preloads
+    from vllm_tmaguard.stages import door, layers, preloads
 
     from_env = preloads.split_preload(os.environ.get(preloads.PRELOAD_ENV, ""))
-    text = files.read_text(preloads.PRELOAD_FILE, 1 << 20) or ""
+    text = door.read_text(preloads.PRELOAD_FILE, 1 << 20) or ""
     entries = {e: preloads.PRELOAD_ENV for e in from_env}
     for entry in preloads.preload_file_entries(text):
         entries.setdefault(entry, preloads.PRELOAD_FILE)

@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Any
 
-from .. import files
+from ..stages import door
 from .constants import RESULT_TAG
 
 DEFAULT_NVML_TIMEOUT = 5.0
@@ -98,7 +98,7 @@ def run_active(timeout: float, nvml_timeout: float = DEFAULT_NVML_TIMEOUT) -> di
     CUDA check (child.py), one child process each, one after the other."""
     nvml, nvml_run = ChildRun.start("nvml", {}, nvml_timeout).collect()
     plain, plain_run = ChildRun.start("plain", {}, timeout).collect()
-    with files.scratch_directory("tmaguard-doctor-") as record_dir:
+    with door.scratch_directory("tmaguard-doctor-") as record_dir:
         guarded, guarded_run = ChildRun.start("guarded", {"record_dir": record_dir}, timeout).collect()
     binding = (guarded or {}).get("binding")
     if binding and binding.get("shim_source") is not None:

@@ -14,8 +14,8 @@ import os
 import re
 from typing import NamedTuple
 
-from .. import files
 from ..process import find_package_dir, find_package_dirs
+from ..stages import door
 from ..stages.catalogue import DRIVER_LIBRARY, LAUNCH_EX, PROC_ADDRESS_V2
 from ..stages.elf import ElfError, read_elf
 from ..stages.vllm_probe import VllmFacts, scan_extension
@@ -65,7 +65,7 @@ def torch_consumers(path: list[str]) -> list[Consumer]:
     if torch_dir is None:
         return []
     found = []
-    for library in files.glob(os.path.join(torch_dir, "lib", "*.so*")):
+    for library in door.glob(os.path.join(torch_dir, "lib", "*.so*")):
         try:  # NEEDED only: cheap even for libtorch_cuda.so; symbols only for those linking the driver
             if DRIVER_LIBRARY not in read_elf(library, symbols=False).needed:
                 continue
@@ -92,7 +92,7 @@ def torch_consumers(path: list[str]) -> list[Consumer]:
 
 
 def _contains(path: str, needle: bytes) -> bool:
-    with files.mapped(path) as (image, _):
+    with door.mapped(path) as (image, _):
         return image.find(needle) >= 0
 
 
@@ -109,7 +109,7 @@ def cudart_consumers(path: list[str]) -> list[Consumer]:
         patterns = (os.path.join(entry, "nvidia", "*", "lib", "libcudart*.so*"),)
         patterns += (os.path.join(entry, "torch", "lib", "libcudart*.so*"),)
         for pattern in patterns:
-            for library in files.glob(pattern):
+            for library in door.glob(pattern):
                 if _CUDART.match(os.path.basename(library)):
                     candidates.setdefault(os.path.realpath(library), library)
     found = []
@@ -144,7 +144,7 @@ def triton_consumer(path: list[str]) -> Consumer | None:
     if triton_dir is None:
         return None
     source = os.path.join(triton_dir, "backends", "nvidia", "driver.c")
-    text = files.read_text(source)
+    text = door.read_text(source)
     if text is not None:
         names = tuple(dict.fromkeys(_TRITON_HANDLE_LOOKUP.findall(text)))
         evidence = 'dlsym on dlopen("libcuda.so.1") in triton/backends/nvidia/driver.c'
@@ -159,7 +159,7 @@ def cuda_python_consumer(path: list[str]) -> Consumer | None:
     modules = [
         module
         for cuda_dir in find_package_dirs("cuda", path)  # a namespace package: bindings may be in any part
-        for module in files.glob(os.path.join(cuda_dir, "bindings", "_internal", "driver*.so"))
+        for module in door.glob(os.path.join(cuda_dir, "bindings", "_internal", "driver*.so"))
     ]
     if not modules:
         return None

@@ -12,6 +12,7 @@ from typing import Any
 
 from .. import __version__, files
 from ..issue import LAST_RECORD
+from ..stages import door
 from ..stages.catalogue import PACKAGE_DIR, SHIM_FILES, overlay_path, shim_path
 from ..stages.scan_cache import CACHE_PREFIX, CACHE_SUFFIX
 from ..stages.store import record_dir_to_read
@@ -43,12 +44,12 @@ def guard_hooks(
     site = os.path.realpath(os.path.dirname(PACKAGE_DIR))
     entry_point = None
     try:
-        names = files.listdir(site)
+        names = door.listdir(site)
         infos = [n for n in names if n.startswith("vllm_tmaguard-") and n.endswith(".dist-info")]
     except OSError:
         infos = []
     for info in infos:
-        text = files.read_text(os.path.join(site, info, "entry_points.txt"), 1 << 20)
+        text = door.read_text(os.path.join(site, info, "entry_points.txt"), 1 << 20)
         if text is not None:
             entry_point = "[vllm.platform_plugins]" in text
     plugins_filter = environ.get("VLLM_PLUGINS")
@@ -121,7 +122,7 @@ def unusable_caches(directory: str | None) -> list[dict[str, str]]:
     replaces such a file where it can (a directory in its place it cannot); until then every vLLM process
     decides afresh. A cache of another version is no finding (it is replaced the same way, as intended)."""
     try:
-        names = files.listdir(directory) if directory else []
+        names = door.listdir(directory) if directory else []
     except OSError:
         return []
     unusable = []

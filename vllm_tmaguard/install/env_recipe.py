@@ -5,7 +5,7 @@ put its directory first on LD_LIBRARY_PATH, so every process's dlopen("libcuda.s
 from __future__ import annotations
 
 from .. import files
-from ..stages import trust
+from ..stages import door, trust
 from ..stages.catalogue import OVERLAY_TRIGGERS
 from ..stages.facts import Facts
 from ..stages.overlay import overlay_image
@@ -20,7 +20,7 @@ def install(image: bytes, directory: str) -> list[str]:
     kubelet makes emptyDir volumes 0777); what it did, as lines to print. Raises OSError
     (trust.UntrustedPath, files.Refused) otherwise."""
     tightened = trust.make_install_dir(directory)
-    path = files.install_file(directory, "libcuda.so.1", image, 0o555)
+    path = door.install_file(directory, "libcuda.so.1", image, 0o555)
     return [*([f"# {tightened}"] if tightened else []), f"# installed {path}"]
 
 

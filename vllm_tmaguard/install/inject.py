@@ -22,7 +22,7 @@ from importlib import metadata
 from typing import NamedTuple
 
 from .. import files
-from ..stages import trust
+from ..stages import door, trust
 from ..stages.catalogue import PACKAGE_DIR
 
 DISTRIBUTION = "vllm-tmaguard"
@@ -104,13 +104,13 @@ def _write(places: list[tuple[str, str, bytes, int]]) -> None:
     """(directory, relative, data, mode) each: every place checked before the first file is written, so a
     refused install writes nothing."""
     for directory, relative, _, _ in places:
-        files.check_install(directory, relative)
+        door.check_install(directory, relative)
     for directory, relative, data, mode in places:
-        files.install_file(directory, relative, data, mode)
+        door.install_file(directory, relative, data, mode)
 
 
 def place(entries: Iterable[Entry], target: str) -> Placed:
-    """Writes the entries and sitecustomize.py under `target` (files.install_file: nothing followed through a
+    """Writes the entries and sitecustomize.py under `target` (door.install_file: nothing followed through a
     link planted there, every directory on the way only root's or this user's to change). Every place is
     checked before the first file is written: a refused install writes nothing (`target` itself may have
     been created or tightened, trust.make_install_dir). Raises OSError (files.Refused, trust.UntrustedPath)
@@ -143,7 +143,7 @@ def place_in_venv(entries: Iterable[Entry], venv_dir: str) -> Placed:
     dist_info = _dist_info(entries)
     if not any(e[0] == "vllm_tmaguard.pth" for e in entries):
         raise InjectError("the package's files have no vllm_tmaguard.pth, which arms the guard in a venv")
-    others = venv.others_installed(files.listdir(found.site_packages), dist_info)
+    others = venv.others_installed(door.listdir(found.site_packages), dist_info)
     if others:
         python = found.python
         raise InjectError(

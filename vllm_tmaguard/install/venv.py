@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from typing import NamedTuple
 
 from .. import files
+from ..stages import door
 
 CONFIG = "pyvenv.cfg"
 _CONFIG_LIMIT = 64 << 10
@@ -87,9 +88,9 @@ def find(venv: str) -> Venv:
     """The venv at `venv` (its directory, as `python -m venv DIR` named it), read from its files alone.
     Raises VenvError."""
     config_path = os.path.join(venv, CONFIG)
-    if not files.is_directory(venv):
+    if not door.is_directory(venv):
         parent = os.path.dirname(os.path.dirname(os.path.abspath(venv)))
-        inside = files.exists(os.path.join(parent, CONFIG))
+        inside = door.exists(os.path.join(parent, CONFIG))
         hint = f" (name the environment's directory, {parent})" if inside else ""
         raise VenvError(f"{venv}: not a virtual environment: not a directory{hint} ({EXPECTED})")
     try:
@@ -100,13 +101,13 @@ def find(venv: str) -> Venv:
         raise VenvError(f"{config_path}: not a venv's {CONFIG}: {error}") from None
     lib = os.path.join(venv, "lib")
     try:
-        names = files.listdir(lib)
+        names = door.listdir(lib)
     except OSError:
         names = []
-    entries = [n for n in names if files.is_directory(os.path.join(lib, n, "site-packages"))]
+    entries = [n for n in names if door.is_directory(os.path.join(lib, n, "site-packages"))]
     chosen = choose_site(venv, parse_config(text), entries)
     python = os.path.join(os.path.abspath(venv), "bin", "python")
-    if not files.exists(python):
+    if not door.exists(python):
         raise VenvError(f"{venv}: not a virtual environment: no bin/python (or a dead link) ({EXPECTED})")
     return Venv(os.path.join(lib, chosen, "site-packages"), os.path.join(venv, "bin"), python)
 

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from typing import NamedTuple
 
 from .. import files
+from ..stages import door
 
 DISTRIBUTION_PREFIX = "vllm_tmaguard-"
 WHEEL_LIMIT = 16 << 20  # the wheel is ~250 KB; a ConfigMap holds at most 1 MiB
@@ -140,10 +141,10 @@ def this_machine() -> str:
 def candidates(source: str) -> Iterator[str]:
     """`source` itself when it is a file, else the *.whl files in the directory (a ConfigMap volume: its
     keys, not the ..data entries kubelet keeps beside them)."""
-    if not files.is_directory(source):
+    if not door.is_directory(source):
         yield source
         return
-    for name in sorted(files.listdir(source)):
+    for name in sorted(door.listdir(source)):
         if name.endswith(".whl") and not name.startswith("."):
             yield f"{source.rstrip('/')}/{name}"
 

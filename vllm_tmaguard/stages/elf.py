@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from .. import files
+from . import door
 from .values import value_type
 
 EM_X86_64 = 62
@@ -96,7 +97,7 @@ def mapped(path: str) -> Iterator[tuple[mmap.mmap, int]]:
     """`path` mapped read-only, with its size. ElfError for a file that cannot be opened (with its errno) or
     is too short for an ELF header."""
     try:
-        with files.mapped(path) as (image, size):
+        with door.mapped(path) as (image, size):
             if size < 64:
                 raise ElfError(path, f"too short for an ELF header ({size} bytes)", kind=NOT_ELF)
             yield image, size

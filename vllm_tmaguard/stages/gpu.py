@@ -13,7 +13,7 @@ System paths are read under TMAGUARD_ROOT (tests lay out a pod's files there).""
 import os
 import re
 
-from .. import files
+from . import door
 from .loader import under_root
 from .values import value_type
 
@@ -141,7 +141,7 @@ def parse_information(text: str) -> dict[str, str]:
 
 
 def _read(path: str) -> str | None:
-    return files.read_text(path, _PROC_FILE_LIMIT)
+    return door.read_text(path, _PROC_FILE_LIMIT)
 
 
 def read_driver_version(root: str = "/") -> str | None:
@@ -157,7 +157,7 @@ def probe_gpus(root: str = "/") -> GpuFacts:
     driver = read_driver_version(root)
     gpus = []
     for bus_id, _, info, device in _node_gpus(root):
-        if not info.get("Device Minor", "").isdigit() or not files.exists(device):
+        if not info.get("Device Minor", "").isdigit() or not door.exists(device):
             continue  # a GPU of the node that this pod was not given
         name = info.get("Model", "unknown")
         gpus.append(Gpu(len(gpus), name, capability_of(name), bus_id))
@@ -169,7 +169,7 @@ def _node_gpus(root: str) -> list[tuple[str, str, dict[str, str], str]]:
     kernel module lists, in bus order (steps 2 and 3 of this module's docstring)."""
     gpus_dir = under_root(root, f"{_PROC}/gpus")
     try:
-        bus_ids = files.listdir(gpus_dir)
+        bus_ids = door.listdir(gpus_dir)
     except OSError:
         return []
     gpus = []

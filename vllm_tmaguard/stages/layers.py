@@ -24,7 +24,7 @@ from collections.abc import Mapping
 
 from .. import files
 from ..process import mapped_named, read_loaded_objects
-from . import preloads
+from . import door, preloads
 from .catalogue import ENCODERS, OVERLAY_TRIGGERS, PROC_ADDRESS_V2
 from .elf import ElfError, ElfInfo, read_elf
 from .loader import under_root
@@ -144,7 +144,7 @@ def _elf(path: str, prefixes: tuple[bytes, ...]) -> ElfInfo | None:
 
 
 def _kind(path: str) -> str:
-    info = files.stat(path)
+    info = door.stat(path)
     return "missing" if info is None else files.kind_of(info.st_mode)
 
 
@@ -157,9 +157,9 @@ def _libc_lacks(needed: set[str]) -> tuple[str, ...]:
 
 
 def gather_evidence(root: str, environ: Mapping[str, str], libcuda: ElfInfo | None) -> PodEvidence:
-    existing = frozenset(p for p in FINGERPRINT_PATHS if files.exists(under_root(root, p)))
+    existing = frozenset(p for p in FINGERPRINT_PATHS if door.exists(under_root(root, p)))
     from_env = preloads.split_preload(environ.get("LD_PRELOAD", ""))
-    text = files.read_text(under_root(root, _PRELOAD_FILE), _PRELOAD_LIMIT) or ""
+    text = door.read_text(under_root(root, _PRELOAD_FILE), _PRELOAD_LIMIT) or ""
     from_file = preloads.preload_file_entries(text)
     # Paths from the environment are taken as they are; the preload file's name files in the pod's root.
     paths = {entry: entry for entry in from_env}

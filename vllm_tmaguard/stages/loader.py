@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping
 from .. import files
 from ..codes import FOUND_DEFAULT_DIRS, FOUND_LD_SO_CACHE, FOUND_LIBRARY_PATH, FOUND_MAPPED, FOUND_NOTHING
 from ..process import LIBRARY_PATH, mapped_named, split_library_path, working_directory
+from . import door
 from .catalogue import DRIVER_LIBRARY, ENCODERS, MARKER
 from .elf import ElfError, ElfInfo, native_machine, read_elf
 from .values import value_type
@@ -98,7 +99,7 @@ def _passes_over(path: str, machine: int | None) -> str | None:
     any other flaw (too short, not ELF, the wrong byte order...) fails the load right there, so that
     file, broken or not, is the answer: the guard must not pick a later one the loader would never reach."""
     try:
-        header = files.read_head(path, 64)
+        header = door.read_head(path, 64)
     except (PermissionError, FileNotFoundError) as error:
         return error.strerror or str(error)
     except OSError:
@@ -148,7 +149,7 @@ def resolve_library(
         if how == FOUND_LIBRARY_PATH and "$" in path:  # $ORIGIN, $LIB, $PLATFORM: the loader expands them
             skipped.append(f"{os.path.dirname(path)}: the loader expands its $ token, the guard cannot")
             break  # whatever follows, the guard cannot tell which file the loader takes
-        if files.stat(path) is None:
+        if door.stat(path) is None:
             continue
         passed_over = _passes_over(path, elf_machine)
         if passed_over is not None:
@@ -247,7 +248,7 @@ def _driver_files(directory: str) -> list[tuple[str, str]]:
     """(path, version) of each file in `directory` named like a driver: libcuda.so.<version>, and
     libcuda.so.1 (version "0"); none where the directory cannot be listed."""
     try:
-        names = files.listdir(directory)
+        names = door.listdir(directory)
     except OSError:
         return []
     found = []

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 
 from .. import files
 from ..codes import MEMORY_FRACTION_TOO_HIGH, MEMORY_UNENFORCED
+from . import door
 from .loader import under_root
 from .outcomes import Problem
 from .values import value_type
@@ -141,7 +142,7 @@ def vcuda_quota(root: str) -> int | None:
     """The quota of the pod's vCUDA config (None: no file, not a resource_data_t, or the quota off)."""
     path = under_root(root, VCUDA_CONFIG)
     # /etc/vcuda is a fingerprint path every full run looks at already: one input, not two, outside vCUDA
-    if not files.exists(os.path.dirname(path)):
+    if not door.exists(os.path.dirname(path)):
         return None
     try:  # a missing file is an error the door notes as the input, like any other
         data = files.read_bytes(path, _VCUDA_SIZE + 1)

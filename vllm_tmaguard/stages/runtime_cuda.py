@@ -16,6 +16,7 @@ import re
 from .. import files
 from ..codes import DRIVER_TOO_OLD
 from ..process import find_package_dir
+from . import door
 from .elf import ElfError, read_elf
 from .gpu import cuda_version_of_driver, driver_tuple
 from .outcomes import Problem
@@ -79,7 +80,7 @@ def read_build(vllm_dir: str | None, extensions: tuple[str, ...]) -> CudaBuild:
     torch, torch_file = None, None
     if torch_dir is not None:
         torch_file = os.path.join(torch_dir, "version.py")
-        text = files.read_text(torch_file, _VERSION_PY_LIMIT)
+        text = door.read_text(torch_file, _VERSION_PY_LIMIT)
         torch = parse_torch_cuda(text) if text is not None else None
     for path in extensions:
         try:

@@ -14,6 +14,7 @@ from typing import Any
 from .. import files
 from ..files import write_private
 from ..process import find_package_dir
+from . import door
 from .vllm_probe import Extension, VllmFacts, extension_modules, probe_vllm
 
 # 2: only the extensions this interpreter can load (vllm_probe.loadable_here); 3: kernels listed, absent
@@ -23,7 +24,7 @@ _FORMAT = 4
 
 def _signature(paths: list[str]) -> list[Any]:
     """Each file's stat observation (noted: the verdict rests on the scan, the scan on these)."""
-    return [files.seen(path) for path in paths]
+    return [door.seen(path) for path in paths]
 
 
 CACHE_PREFIX, CACHE_SUFFIX = "vllm-scan-", ".json"

@@ -7,7 +7,8 @@ import os
 from collections.abc import Mapping
 
 from ..codes import TOGGLE_INVALID, TOGGLE_UNKNOWN
-from ..files import default_record_dir, is_directory
+from ..files import default_record_dir
+from .door import is_directory
 from .outcomes import Problem
 from .values import value_type
 

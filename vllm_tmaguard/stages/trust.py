@@ -20,7 +20,9 @@ from typing import TYPE_CHECKING
 
 from .. import files
 from ..codes import FOUND_ON_THE_SYSTEM
-from ..files import make_install_dirs, make_private_dirs, path_problem, tighten
+from ..files import path_problem
+from . import door
+from .door import make_install_dirs, make_private_dirs, tighten
 
 if TYPE_CHECKING:
     from .outcomes import Problem
@@ -38,7 +40,7 @@ class UntrustedPath(OSError):
 def trusted_file(path: str) -> str:
     """The real path of `path` if code may be loaded from it; raises UntrustedPath otherwise (and
     FileNotFoundError when there is no such file)."""
-    if files.stat(path) is None:
+    if door.stat(path) is None:
         raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
     problem = path_problem(path)
     if problem is not None:

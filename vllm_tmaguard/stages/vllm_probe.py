@@ -7,8 +7,8 @@ import importlib.machinery
 import os
 import re
 
-from .. import files
 from ..process import find_package_dir
+from . import door
 from .catalogue import DRIVER_LIBRARY
 from .elf import ElfError, read_elf
 from .routing_table import table_for
@@ -53,7 +53,7 @@ class VllmFacts:
 
 
 def _read_text(path: str) -> str | None:
-    return files.read_text(path)
+    return door.read_text(path)
 
 
 def _dist_info_record(package_dir: str, version: str | None) -> str | None:
@@ -63,7 +63,7 @@ def _dist_info_record(package_dir: str, version: str | None) -> str | None:
         if record is not None:
             return record
     try:
-        names = [n for n in files.listdir(site) if n.startswith("vllm-") and n.endswith(".dist-info")]
+        names = [n for n in door.listdir(site) if n.startswith("vllm-") and n.endswith(".dist-info")]
     except OSError:
         return None
     return _read_text(os.path.join(site, names[0], "RECORD")) if len(names) == 1 else None
