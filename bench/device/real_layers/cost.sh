@@ -3,9 +3,10 @@
 # full run with cold caches, alternated with later ones, the verdict's replay) in the real layouts, the
 # package's import included, the standard library a vLLM process loads imported first; then where a later
 # process's time goes (bench/replay_steps.py, step by step) and what each module's import costs
-# (bench/import_cost.py). With .dev/baseline-LABEL.tar.xz carried (another
-# commit's package, `pip install --target`, packed; LABEL names its rows, e.g. the commit), every process of
-# each such build alternates with this one's (--baseline), so all rows come from the same minutes.
+# (bench/import_cost.py; bench/import_parts.py: its finder, byte code and execution). With
+# .dev/baseline-LABEL.tar.xz carried (another commit's package, `pip install --target`, packed; LABEL names
+# its rows, e.g. the commit), every process of each such build alternates with this one's (--baseline), so
+# all rows come from the same minutes.
 # usage: [LAYERS=...] [PROFILE=1] bash bench/device/real_layers/cost.sh [POD ...]
 #        (repository root; carry .dev/e2e/part1 .dev/thirdparty.tar.xz [.dev/baseline-*.tar.xz])
 set -uo pipefail
@@ -29,8 +30,9 @@ for pod in "${pods[@]}"; do
   timeout 120 bash $here/pod.sh "$pod" -- python3 bench/replay_steps.py --runs "${RUNS:-20}" \
     > "$out/steps-$pod.txt" 2>&1
   timeout 120 bash $here/pod.sh "$pod" -- python3 bench/import_cost.py --runs 10 > "$out/imports-$pod.txt" 2>&1
+  timeout 120 bash $here/pod.sh "$pod" -- python3 bench/import_parts.py > "$out/import-parts-$pod.txt" 2>&1
   if [ "${PROFILE:-0}" = 1 ]; then  # a first process's functions (bench/full_run_profile.py)
     timeout 120 bash $here/pod.sh "$pod" -- python3 bench/full_run_profile.py --runs 5 > "$out/profile-$pod.txt" 2>&1
   fi
-  echo "$pod:"; tail -4 "$out/cost-$pod.txt"; cat "$out/steps-$pod.txt" "$out/imports-$pod.txt"
+  echo "$pod:"; tail -4 "$out/cost-$pod.txt"; cat "$out/steps-$pod.txt" "$out/imports-$pod.txt" "$out/import-parts-$pod.txt"
 done
