@@ -25,12 +25,12 @@ def lap(step):
     times[step] = (now - last) * 1e3
     last = now
 import vllm_tmaguard.guard
-from vllm_tmaguard import issue, process, verdict as v
+from vllm_tmaguard import issue, loaded, process, verdict as v
 lap("import")
 directory = v.replay_directory(); lap("record directory")
 entries = v.load_entries(directory); lap("cache file")
 stored = entries[0]["process"]
-process.read_loaded_objects(); lap("loaded objects")
+loaded.read_loaded_objects(); lap("loaded objects")
 process.find_package_dir("vllm"); lap("vllm's package")
 v.observe_process(stored["library"], stored["env_names"], stored["env_prefixes"]); lap("process inputs")
 entry = v._matching(entries); lap("file inputs")

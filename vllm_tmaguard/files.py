@@ -26,7 +26,7 @@ import json
 import os
 import stat as stat_module
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 PRIVATE_JSON_LIMIT = 8 << 20  # a record is ~10 KB, the verdict cache ~100 KB
@@ -88,55 +88,15 @@ def observe(kind: str, path: str) -> Any:
         return ["error", error.errno]
 
 
-class Notes:
-    """The file inputs read while noting (kind, path) -> observation, in the order first read. A path whose
-    observation changes between two reads of one run makes the notes unsteady: a verdict decided from a file
-    that changed under it is not kept."""
-
-    def __init__(self) -> None:
-        self.seen: dict[tuple[str, str], Any] = {}
-        self.steady = True
-
-    def add(self, kind: str, path: str, seen: Any) -> None:
-        key = (kind, path)
-        if key not in self.seen:
-            self.seen[key] = seen
-        elif self.seen[key] != seen:
-            self.steady = False
-
-    def renew(self, path: str) -> None:
-        """The door itself changed `path` (the overlay's file): what a later process finds is the new file."""
-        for kind, noted in list(self.seen):
-            if noted == path:
-                self.seen[(kind, noted)] = observe(kind, noted)
-
-    def inputs(self) -> list[list[Any]]:
-        return [[kind, path, seen] for (kind, path), seen in self.seen.items()]
+# The full run's notes (stages/door.py's Notes) while it notes its reads; None otherwise.
+_notes: Any = None
 
 
-_notes: Notes | None = None
-
-
-@contextlib.contextmanager
-def noting() -> Iterator[Notes]:
-    """Notes every probe read until the block ends."""
+def noted_by(notes: Any) -> Any:
+    """Makes `notes` (stages/door.py's Notes, or None) receive the door's notes; returns the ones before."""
     global _notes
-    outer, _notes = _notes, Notes()
-    try:
-        yield _notes
-    finally:
-        _notes = outer
-
-
-@contextlib.contextmanager
-def not_noting() -> Iterator[None]:
-    """Reads whose result another input stands for (the vLLM scan, valid while its signature files are)."""
-    global _notes
-    outer, _notes = _notes, None
-    try:
-        yield
-    finally:
-        _notes = outer
+    outer, _notes = _notes, notes
+    return outer
 
 
 def renew(path: str) -> None:
@@ -268,24 +228,13 @@ def private_problem(info: os.stat_result) -> str | None:
     return None
 
 
-def installed_problem(info: os.stat_result) -> str | None:
-    """Why a directory that code is loaded from is not safe to write into (None: it is): a directory only
-    root or this user can change."""
-    euid, mode = os.geteuid(), stat_module.S_IMODE(info.st_mode)
-    if not stat_module.S_ISDIR(info.st_mode):
-        return f"is {kind_of(info.st_mode)}, not a directory"
-    if info.st_uid not in (0, euid):
-        return f"belongs to uid {info.st_uid}, neither root nor this user (uid {euid})"
-    if mode & 0o022:
-        return f"has mode {mode:04o}: others can replace what is written there; it must be 0755 or tighter"
-    return None
-
-
 @contextlib.contextmanager
-def directory(path: str, private: bool = True, *, at: int | None = None) -> Iterator[int]:
+def directory(
+    path: str, judge: Callable[[os.stat_result], str | None] = private_problem, *, at: int | None = None
+) -> Iterator[int]:
     """A descriptor of directory `path`, opened without following a link (relative to descriptor `at` when
-    given), whose own stat is private (this user's alone) or, with private=False, installable (only root or
-    this user can change it). Raises OSError (Refused when it is not)."""
+    given), whose own stat `judge` finds no problem with: private (this user's alone) unless another judge is
+    given (stages/door.py's installation directories). Raises OSError (Refused when it is not)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=at)
     except OSError as error:
@@ -294,7 +243,7 @@ def directory(path: str, private: bool = True, *, at: int | None = None) -> Iter
         raise
     try:
         info = os.fstat(fd)
-        problem = private_problem(info) if private else installed_problem(info)
+        problem = judge(info)
         if problem:
             raise Refused(path, problem)
         yield fd
@@ -553,14 +502,6 @@ class PrivateDirectory:
                 mtimes[name] = os.stat(name, dir_fd=self.fd, follow_symlinks=False).st_mtime_ns
         return mtimes
 
-    def subdirectory(self, name: str) -> str:
-        """`name`, created 0700 if absent, checked private itself; its path."""
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(name, 0o700, dir_fd=self.fd)
-        with directory(name, at=self.fd):
-            pass
-        return os.path.join(self.path, name)
-
 
 @contextlib.contextmanager
 def private(directory_path: str) -> Iterator[PrivateDirectory]:
@@ -568,9 +509,3 @@ def private(directory_path: str) -> Iterator[PrivateDirectory]:
     alone. Raises OSError (files.Refused)."""
     with directory(directory_path) as fd:
         yield PrivateDirectory(fd, directory_path)
-
-
-def write_private(directory_path: str, name: str, data: bytes, mode: int = 0o600) -> str:
-    """Writes `name` in the private directory atomically; its path. Raises OSError (files.Refused)."""
-    with private(directory_path) as opened:
-        return opened.write(name, data, mode)

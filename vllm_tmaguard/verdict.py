@@ -9,7 +9,7 @@ What a verdict was decided from, observed alike when it is stored and when it is
      it, the working directory, the effective user, the interpreter, the vLLM package it would import and
      the command line's eager flag (process.py; its --config file's too, launch_file.py);
   2. files: every file input the full run read through the door, with what it looked like as it was read
-     (files.Notes: identity, size, modification and change times; a /proc file's content).
+     (stages/door.py's Notes: identity, size, modification and change times; a /proc file's content).
 A verdict is replayed whole or not at all: the stored record with this process's pid, time and trigger, the
 trust check of every library it loads run again, its changes made again, its record issued (issue.py);
 anything different, and the full run decides (and replaces an entry or a cache file it cannot use).
@@ -32,7 +32,6 @@ from .files import (
     path_problem,
     private_problem,
     read_private_json,
-    write_private,
 )
 from .issue import Issued, issue, level_of, render
 from .process import (
@@ -45,15 +44,13 @@ from .process import (
     find_package_dir,
     is_server,
     load_library,
-    mapped_named,
     memory_settings,
     module_run,
-    read_loaded_objects,
     split_library_path,
 )
 
 CACHE_FILE = "verdicts.json"
-_CACHE_FORMAT = 4  # 4: variables shown, judged; 3: flags added; 2: the record alone, inputs as read, ctime
+CACHE_FORMAT = 4  # 4: variables shown, judged; 3: flags added; 2: the record alone, inputs as read, ctime
 ENTRIES_KEPT = 4  # distinct process environments per pod (the API server's, its workers' after its knobs)
 
 
@@ -108,6 +105,8 @@ def _loaded_as(library: str) -> list[str]:
     once loaded (redo)."""
     if answering(library) is None:
         return []
+    from .loaded import mapped_named, read_loaded_objects  # rare here: the driver is loaded before the guard
+
     return list(mapped_named(library, read_loaded_objects()))
 
 
@@ -131,14 +130,6 @@ def library_path_view(library: str, value: str, cwd: str | None) -> list[list[An
     return view
 
 
-def by_effect(process: dict[str, Any]) -> dict[str, Any]:
-    """A process observation that compares LD_LIBRARY_PATH by its effect on the loader's search alone
-    (library_path), for a verdict whose stages read nothing else of it."""
-    names = [name for name in process["env_names"] if name != LIBRARY_PATH]
-    env = {name: value for name, value in process["env"].items() if name != LIBRARY_PATH}
-    return {**process, "env_names": names, "env": env}
-
-
 # ---------------------------------------------------------------------------------------------------------
 # The cache file
 
@@ -158,7 +149,8 @@ def replay_directory() -> str | None:
 
 
 def _shaped(entry: Any) -> bool:
-    """An entry as remember() writes it (a cache file is the guard's own, but may be damaged)."""
+    """An entry as the full run stores it (stages/pipeline.remember; a cache file is the guard's own, but may
+    be damaged)."""
     try:
         redo, process = entry["redo"], entry["process"]
         return (
@@ -194,18 +186,10 @@ def load_entries(directory: str) -> list[dict[str, Any]]:
         return []
     if not isinstance(document, dict):
         return []
-    if document.get("format") != _CACHE_FORMAT or document.get("tmaguard") != __version__:
+    if document.get("format") != CACHE_FORMAT or document.get("tmaguard") != __version__:
         return []
     entries = document.get("entries")
     return [e for e in entries if _shaped(e)] if isinstance(entries, list) else []
-
-
-def remember(directory: str, entry: dict[str, Any]) -> None:
-    """Stores a full run's entry (stages.pipeline._entry builds it) before the others it keeps; replaces a
-    file it cannot read. Raises OSError (a failure only costs later processes their full run)."""
-    others = [e for e in load_entries(directory) if e["process"] != entry["process"]]
-    document = {"format": _CACHE_FORMAT, "tmaguard": __version__, "entries": [entry, *others][:ENTRIES_KEPT]}
-    write_private(directory, CACHE_FILE, json.dumps(document).encode())
 
 
 # ---------------------------------------------------------------------------------------------------------

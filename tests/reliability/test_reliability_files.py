@@ -259,7 +259,7 @@ def test_loaded_objects_without_proc(monkeypatch) -> None:
     """In-process: with /proc/self/maps unreadable, read_loaded_objects lists the loader's objects."""
     import builtins
 
-    from vllm_tmaguard import process
+    from vllm_tmaguard import loaded
 
     real_open = builtins.open
 
@@ -269,9 +269,9 @@ def test_loaded_objects_without_proc(monkeypatch) -> None:
         return real_open(file, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "open", no_proc_open)
-    text = process.read_loaded_objects()
+    text = loaded.read_loaded_objects()
     assert text is not None
-    files = process.mapped_files(text)
+    files = loaded.mapped_files(text)
     assert any(os.path.basename(f).startswith("libc.so") for f in files)
     assert all(os.path.exists(f) for f in files)
 

@@ -5,7 +5,8 @@ import shutil
 import struct
 import subprocess
 
-from vllm_tmaguard.process import mapped_files, split_library_path
+from vllm_tmaguard.loaded import mapped_files
+from vllm_tmaguard.process import split_library_path
 from vllm_tmaguard.stages.loader import read_ld_so_cache, resolve_library
 
 

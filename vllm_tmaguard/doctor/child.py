@@ -223,7 +223,7 @@ def preload_check() -> list[dict[str, Any]]:
     """Each preload entry of a sharing layer this process's loader was given (its LD_PRELOAD, the real
     /etc/ld.so.preload) and whether it is in /proc/self/maps: whether the layer is in force in a process
     started as the pod starts them."""
-    from vllm_tmaguard import files, process
+    from vllm_tmaguard import files, loaded
     from vllm_tmaguard.stages import door, layers, preloads
 
     from_env = preloads.split_preload(os.environ.get(preloads.PRELOAD_ENV, ""))
@@ -235,7 +235,7 @@ def preload_check() -> list[dict[str, Any]]:
         maps = files.read_bytes("/proc/self/maps", noted=False).decode("utf-8", "surrogateescape")
     except OSError:
         return []
-    mapped = set(process.mapped_files(maps))
+    mapped = set(loaded.mapped_files(maps))
     names = {os.path.basename(path) for path in mapped}
     return [
         {

@@ -12,10 +12,9 @@ import time
 from typing import Any
 
 from ..codes import EXIT_INTERNAL
-from ..files import write_private
 from ..issue import printable
 from ..redaction import redact
-from ..stages.door import discard_into_null
+from ..stages.door import discard_into_null, write_private
 from ..stages.store import open_record_dir
 from ..stages.toggles import read_toggles
 from .children import DEFAULT_ACTIVE_TIMEOUT, DEFAULT_NVML_TIMEOUT

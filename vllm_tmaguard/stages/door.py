@@ -15,14 +15,70 @@ from typing import Any
 
 from ..files import (
     SYSTEM_FILE_LIMIT,
+    PrivateDirectory,
     Refused,
     directory,
+    kind_of,
     note,
+    noted_by,
     observation,
+    observe,
     open_regular,
+    private,
     read_bytes,
     write_in,
 )
+
+# ---------------------------------------------------------------------------------------------------------
+# The full run's notes: every file input it reads, as the door observes it (the verdict cache's inputs)
+
+
+class Notes:
+    """The file inputs read while noting (kind, path) -> observation, in the order first read. A path whose
+    observation changes between two reads of one run makes the notes unsteady: a verdict decided from a file
+    that changed under it is not kept."""
+
+    def __init__(self) -> None:
+        self.seen: dict[tuple[str, str], Any] = {}
+        self.steady = True
+
+    def add(self, kind: str, path: str, seen: Any) -> None:
+        key = (kind, path)
+        if key not in self.seen:
+            self.seen[key] = seen
+        elif self.seen[key] != seen:
+            self.steady = False
+
+    def renew(self, path: str) -> None:
+        """The door itself changed `path` (the overlay's file): what a later process finds is the new file."""
+        for kind, noted in list(self.seen):
+            if noted == path:
+                self.seen[(kind, noted)] = observe(kind, noted)
+
+    def inputs(self) -> list[list[Any]]:
+        return [[kind, path, seen] for (kind, path), seen in self.seen.items()]
+
+
+@contextlib.contextmanager
+def noting() -> Iterator[Notes]:
+    """Notes every probe read until the block ends (files.note)."""
+    notes = Notes()
+    outer = noted_by(notes)
+    try:
+        yield notes
+    finally:
+        noted_by(outer)
+
+
+@contextlib.contextmanager
+def not_noting() -> Iterator[None]:
+    """Reads whose result another input stands for (the vLLM scan, valid while its signature files are)."""
+    outer = noted_by(None)
+    try:
+        yield
+    finally:
+        noted_by(outer)
+
 
 # ---------------------------------------------------------------------------------------------------------
 # What the probes read: system files, links followed as the loader follows them
@@ -152,6 +208,34 @@ def mapped(path: str) -> Iterator[tuple[Any, int]]:
 # Writes: outputs, and where the operator installs the package or the overlay
 
 
+def installed_problem(info: os.stat_result) -> str | None:
+    """Why a directory that code is loaded from is not safe to write into (None: it is): a directory only
+    root or this user can change."""
+    euid, mode = os.geteuid(), stat_module.S_IMODE(info.st_mode)
+    if not stat_module.S_ISDIR(info.st_mode):
+        return f"is {kind_of(info.st_mode)}, not a directory"
+    if info.st_uid not in (0, euid):
+        return f"belongs to uid {info.st_uid}, neither root nor this user (uid {euid})"
+    if mode & 0o022:
+        return f"has mode {mode:04o}: others can replace what is written there; it must be 0755 or tighter"
+    return None
+
+
+def write_private(directory_path: str, name: str, data: bytes, mode: int = 0o600) -> str:
+    """Writes `name` in the private directory atomically; its path. Raises OSError (files.Refused)."""
+    with private(directory_path) as opened:
+        return opened.write(name, data, mode)
+
+
+def subdirectory(opened: PrivateDirectory, name: str) -> str:
+    """`name` in the opened private directory, created 0700 if absent, checked private itself; its path."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(name, 0o700, dir_fd=opened.fd)
+    with directory(name, at=opened.fd):
+        pass
+    return os.path.join(opened.path, name)
+
+
 def discard_into_null(fd: int) -> None:
     """Makes descriptor `fd` write into /dev/null (an output that failed: what is left is dropped). Raises
     OSError."""
@@ -191,7 +275,7 @@ def _install_dirs(
     """The directory the file of `parts` goes in, and its path: every directory on the way opened without
     following a link and checked installable, created 0755 where absent if `create`, else (None, its path)
     at the first one absent. Raises OSError (Refused, naming the directory)."""
-    dir_fd = stack.enter_context(directory(directory_path, private=False))
+    dir_fd = stack.enter_context(directory(directory_path, installed_problem))
     walked = directory_path
     for part in parts[:-1]:
         walked = os.path.join(walked, part)
@@ -199,7 +283,7 @@ def _install_dirs(
             with contextlib.suppress(FileExistsError):
                 os.mkdir(part, 0o755, dir_fd=dir_fd)
         try:
-            dir_fd = stack.enter_context(directory(part, private=False, at=dir_fd))
+            dir_fd = stack.enter_context(directory(part, installed_problem, at=dir_fd))
         except FileNotFoundError:
             if create:
                 raise

@@ -10,7 +10,7 @@ import os
 from collections.abc import Mapping
 
 from ..codes import FOUND_MAPPED
-from ..process import read_loaded_objects
+from ..loaded import read_loaded_objects
 from .catalogue import DRIVER_LIBRARY, OVERLAY_TRIGGERS
 from .elf import ElfError, read_elf
 from .layers import is_vcuda_build

@@ -3,7 +3,7 @@ effects on the process (no CUDA context, no load of libcuda.so.1, no call into a
 
 from collections.abc import Mapping
 
-from ..process import read_loaded_objects
+from ..loaded import read_loaded_objects
 from .catalogue import DRIVER_LIBRARY, ENCODERS, MARKER
 from .compat import BYPASSED, BYPASSED_VCUDA
 from .elf import ElfError, ElfInfo, read_elf

@@ -2,7 +2,7 @@
 LD_LIBRARY_PATH and LD_PRELOAD (the loader's search, HAMi's preload), the toggles (TMAGUARD_*), the sharing
 layers' variables (layers.ENV_PREFIXES) and the knobs routing merges with (routing.ENV_NAMES). The stages get
 these and nothing else (watched_environ), so a test can tell when a stage reads one more. The files are what
-the stages read through the door (files.noting), not listed here. Besides: vLLM's compat switch and what
+the stages read through the door (door.noting), not listed here. Besides: vLLM's compat switch and what
 picks its directory (compat.py), MPS's pinned memory limit (memory.py)."""
 
 from __future__ import annotations

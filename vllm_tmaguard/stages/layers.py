@@ -23,7 +23,7 @@ import re
 from collections.abc import Mapping
 
 from .. import files
-from ..process import mapped_named, read_loaded_objects
+from ..loaded import mapped_named, read_loaded_objects
 from . import door, preloads
 from .catalogue import ENCODERS, OVERLAY_TRIGGERS, PROC_ADDRESS_V2
 from .elf import ElfError, ElfInfo, read_elf

@@ -23,7 +23,8 @@ from collections.abc import Iterable, Mapping
 
 from .. import files
 from ..codes import FOUND_DEFAULT_DIRS, FOUND_LD_SO_CACHE, FOUND_LIBRARY_PATH, FOUND_MAPPED, FOUND_NOTHING
-from ..process import LIBRARY_PATH, mapped_named, split_library_path, working_directory
+from ..loaded import mapped_named
+from ..process import LIBRARY_PATH, split_library_path
 from . import door
 from .catalogue import DRIVER_LIBRARY, ENCODERS, MARKER
 from .elf import ElfError, ElfInfo, native_machine, read_elf
@@ -44,6 +45,15 @@ class LibraryResolution:
     how: str  # the search step that gave `path`: codes.FOUND_*
     mapped: tuple[str, ...]  # every mapped file whose name starts like `name` (e.g. a layer and the driver)
     skipped: tuple[str, ...] = ()  # candidates the loader would pass over, with why
+
+
+def working_directory() -> str:
+    """The current directory; "" where it is gone (removed under the process): a relative LD_LIBRARY_PATH
+    entry then stays relative and finds nothing, as the loader finds nothing in a directory that is gone."""
+    try:
+        return os.getcwd()
+    except OSError:
+        return ""
 
 
 def under_root(root: str, path: str) -> str:

@@ -10,7 +10,7 @@ import hashlib
 import os
 
 from .. import files
-from . import trust
+from . import door, trust
 from .catalogue import overlay_path
 from .elf import ElfError, retag_dynamic
 
@@ -52,12 +52,12 @@ def write_private(image: bytes, directory: str) -> str:
     processes share one file; mode 0500), unless that file already holds exactly the image. Returns its
     real path, checked (trust.py); raises OSError (UntrustedPath, files.Refused included) otherwise."""
     with files.private(directory) as opened:
-        target_dir = opened.subdirectory(f"overlay-{hashlib.sha256(image).hexdigest()[:16]}")
+        target_dir = door.subdirectory(opened, f"overlay-{hashlib.sha256(image).hexdigest()[:16]}")
     problem = files.path_problem(target_dir, private=True)
     if problem is not None:
         raise trust.UntrustedPath(target_dir, problem)
     if not _holds(target_dir, image):
-        files.write_private(target_dir, "libcuda.so.1", image, 0o500)
+        door.write_private(target_dir, "libcuda.so.1", image, 0o500)
     return trust.trusted_file(os.path.join(target_dir, "libcuda.so.1"))
 
 

@@ -6,7 +6,7 @@ in the cache (verdict.py):
 
 Each stage but the two that act is a pure function of what came before; the stages see only the part of the
 environment the cache watches (inputs.watched_environ), and every file they read goes through the door,
-which notes it (files.noting): those notes are the verdict's file inputs. Fails open: on its own error the
+which notes it (door.noting): those notes are the verdict's file inputs. Fails open: on its own error the
 guard logs one line and gets out of the way, unless strict mode asks it to stop start-up (guard.py)."""
 
 import contextlib
@@ -15,7 +15,7 @@ import os
 import time
 from typing import Any
 
-from .. import files
+from .. import __version__
 from ..codes import (
     EXTENSION_UNREADABLE,
     IMPORTED_EARLY,
@@ -25,9 +25,11 @@ from ..codes import (
     SHIM_FAILED,
 )
 from ..issue import Issued, issue, log
+from ..process import LIBRARY_PATH
 from ..redaction import MIN_SECRET, secret_values, shows_redaction
 from ..stop import stop_for, tell_kubernetes
-from ..verdict import by_effect, observe_process, remember, shown_variables
+from ..verdict import CACHE_FILE, CACHE_FORMAT, ENTRIES_KEPT, load_entries, observe_process, shown_variables
+from . import door
 from .actions import apply_launch, apply_routing, apply_supply, replay_plan
 from .catalogue import DRIVER_LIBRARY
 from .compat import BYPASSED, bypass_problem, plan_compat
@@ -71,7 +73,7 @@ def run(trigger: str) -> Issued | None:
     clock = _Clock()
     process = observe_process(DRIVER_LIBRARY, ENV_NAMES, ENV_PREFIXES)  # before the stages change anything
     environ = watched_environ(os.environ)
-    with files.noting() as notes:
+    with door.noting() as notes:
         toggles, toggle_problems = read_toggles(environ)
         if toggles.mode == "off":
             log("debug", "tmaguard: TMAGUARD_MODE=off, doing nothing")
@@ -203,7 +205,7 @@ def _bypassed(facts: Facts) -> tuple[Problem, ...]:
 
 def _entry(
     process: dict[str, Any],
-    notes: files.Notes,
+    notes: door.Notes,
     issued: Issued,
     text: str,
     actions: tuple[Action, ...],
@@ -225,6 +227,23 @@ def _entry(
         # The variables whose values the record shows, judged no secret: a replay asks only of others.
         "shown": {name: value for name, value in shown.items() if value not in secret},
     }
+
+
+def by_effect(process: dict[str, Any]) -> dict[str, Any]:
+    """A process observation (verdict.observe_process) that compares LD_LIBRARY_PATH by its effect on the
+    loader's search alone (library_path), for a verdict whose stages read nothing else of it."""
+    names = [name for name in process["env_names"] if name != LIBRARY_PATH]
+    env = {name: value for name, value in process["env"].items() if name != LIBRARY_PATH}
+    return {**process, "env_names": names, "env": env}
+
+
+def remember(directory: str, entry: dict[str, Any]) -> None:
+    """Stores a full run's entry (_entry builds it) in the verdict cache (verdict.py), before the others it
+    keeps; replaces a file it cannot read. Raises OSError (a failure only costs later processes their full
+    run). Here, not in verdict.py: a replay never stores."""
+    others = [e for e in load_entries(directory) if e["process"] != entry["process"]]
+    document = {"format": CACHE_FORMAT, "tmaguard": __version__, "entries": [entry, *others][:ENTRIES_KEPT]}
+    door.write_private(directory, CACHE_FILE, json.dumps(document).encode())
 
 
 def _replayable(document: dict[str, Any], text: str, facts: Facts) -> bool:

@@ -7,7 +7,7 @@ ELF class, another machine). An entry needing a glibc symbol version this glibc 
 instead (`version `GLIBC_x.y' not found`). Inside a process the loader's own list decides: an entry it read
 and did not map is not in force, whatever its file looks like. A preload file under another root
 (TMAGUARD_ROOT) is not this process's loader's: its entries are judged by their files alone. Passive: files
-read through the door, the loader's list asked (process.read_loaded_objects), nothing loaded."""
+read through the door, the loader's list asked (loaded.read_loaded_objects), nothing loaded."""
 
 import errno
 import os
@@ -15,7 +15,7 @@ import sys
 from collections.abc import Mapping
 
 from .. import files
-from ..process import mapped_files, read_loaded_objects
+from ..loaded import mapped_files, read_loaded_objects
 from .elf import (
     ELFCLASS32,
     ELFCLASS64,

@@ -1,7 +1,7 @@
 """The vLLM scan, cached across processes (every vLLM worker runs the guard): one JSON file per vLLM
 install in the guard's private record directory, valid while vLLM's version file and extension files are
 unchanged (each one's stat as the verdict cache observes files: identity, size, modification and change
-times). The scan's own reads are not verdict inputs: these files stand for them (files.not_noting)."""
+times). The scan's own reads are not verdict inputs: these files stand for them (door.not_noting)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import os
 from typing import Any
 
 from .. import files
-from ..files import write_private
 from ..process import find_package_dir
 from . import door
 from .vllm_probe import Extension, VllmFacts, extension_modules, probe_vllm
@@ -128,22 +127,22 @@ def store(cache_dir: str, facts: VllmFacts, all_extensions: list[str], signature
         "kernels_listed": None if facts.kernels_listed is None else sorted(facts.kernels_listed),
     }
     with contextlib.suppress(OSError):
-        write_private(cache_dir, _cache_name(facts.package_dir), json.dumps(document).encode())
+        door.write_private(cache_dir, _cache_name(facts.package_dir), json.dumps(document).encode())
 
 
 def probe_vllm_cached(cache_dir: str | None, package_dir: str | None = None) -> VllmFacts:
     """probe_vllm, answered from the cache when this install was scanned before and is unchanged. A scan
-    during which a watched file changed is not kept (and its notes show the change: files.Notes.steady)."""
+    during which a watched file changed is not kept (and its notes show the change: door.Notes.steady)."""
     package_dir = package_dir or find_package_dir()
     if package_dir is None:
         return VllmFacts(found=False)
     if cache_dir and (cached := load(cache_dir, package_dir)) is not None:
         return cached
-    with files.not_noting():
+    with door.not_noting():
         all_extensions = [path for _, path in extension_modules(package_dir)]
     watched = _watched(package_dir, all_extensions)
     before = _signature(watched)
-    with files.not_noting():
+    with door.not_noting():
         facts = probe_vllm(package_dir)
     if cache_dir and _signature(watched) == before:
         store(cache_dir, facts, all_extensions, before)
