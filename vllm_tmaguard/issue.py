@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 import time
+from types import FrameType
 from typing import Any
 
 from .codes import (
@@ -189,7 +190,7 @@ def _own_line() -> bool:
     return not logger.handlers and os.environ.get("VLLM_CONFIGURE_LOGGING", "1") != "0"
 
 
-def _write_line(level: str, text: str, caller: Any) -> None:
+def _write_line(level: str, text: str, caller: FrameType) -> None:
     """The line as logging's StreamHandler would write it in _LINE_FORMAT (this process's pid, the level,
     the time, the caller's file and line), written directly: a handler, a formatter and a LogRecord cost
     ~0.1 ms of every vLLM process's start. Below INFO only with VLLM_LOGGING_LEVEL=DEBUG, as vLLM's."""
