@@ -313,7 +313,7 @@ def private_mounts(script: str, *args: str) -> tuple[str, ...]:
 
 # A private /tmp (a tmpfs) in which the guard's default record directory, /tmp/tmaguard-<uid>, is $1: a test
 # of the fall-back to it never touches the user's own. Of the real /tmp, only the entries the child needs
-# are bound there (TMP_ENTRIES_IN_USE): binding every entry cost seconds where /tmp held thousands, and
+# are bound there (_tmp_entries_in_use): binding every entry cost seconds where /tmp held thousands, and
 # raced with other processes removing theirs. The old /tmp is reached through a descriptor opened before
 # the tmpfs covers it (paths not canonicalised: that would name the covered /tmp again).
 def _default_record_dir_script(keep: set[str]) -> str:
