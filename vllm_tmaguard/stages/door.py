@@ -1,9 +1,11 @@
 """The door's other room (files.py is the one every vLLM process passes): what only the full run, the doctor
-and the installers do through it, under the same checks (docs/design.md §4.2): the probes' noted reads of
-system files (links followed as the loader follows them; each noted with the observation taken as it was
-read, the verdict cache's inputs), installation writes (every directory on the way opened without following
-a link and checked installable, the file written atomically), and scratch directories. Kept apart so that a
-replay, which does none of it, does not import it (docs/benchmarks.md: a later process's import)."""
+and the installers do through it, under the same checks (docs/design.md §4.2): the full run's notes (every
+file input it reads, with the observation taken as it was read: the verdict cache's inputs) and the probes'
+noted reads of system files (links followed as the loader follows them); the private directory's writes
+other than a record's (the verdict and scan caches, the overlay's subdirectory, the doctor's report);
+installation writes (every directory on the way opened without following a link and checked installable,
+the file written atomically); scratch directories. Kept apart so that a replay, which does none of it, does
+not import it (docs/benchmarks.md: a later process's import)."""
 
 from __future__ import annotations
 
