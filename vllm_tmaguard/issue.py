@@ -1,9 +1,10 @@
 """Issuing a verdict (docs/design.md §4): its record written to the private directory (process-<pid>.json,
 and last.json, what `tmaguard doctor` reads first) and its one log line, rendered from the record document's
-fields (already redacted) in vLLM's style: its level, its parts, fitted to its limit, logged on the
-vllm_tmaguard logger. One function for every process: the full run's, a replay's, a forked child's. A record
-the directory refuses is a problem of that record (RECORD_NOT_WRITTEN), logged with it. Standard library
-only: every vLLM process issues its verdict (the line and the writing in one module, one import fewer)."""
+fields (already redacted) in vLLM's style: its level, its parts, fitted to its limit, written to stdout in
+vLLM's format (or through the vllm_tmaguard logger where the user runs their own logging). One function for
+every process: the full run's, a replay's, a forked child's. A record the directory refuses is a problem of
+that record (RECORD_NOT_WRITTEN), logged with it. Standard library only: every vLLM process issues its
+verdict (the line and the writing in one module, one import fewer)."""
 
 from __future__ import annotations
 

@@ -66,7 +66,7 @@ TOGGLES: tuple[ToggleSpec, ...] = (
         "TMAGUARD_LOG_FORMAT",
         ("text", "json"),
         "text",
-        "format of the one record line per process on the vllm_tmaguard logger",
+        "the one record line's format (stdout, or the vllm_tmaguard logger under a user's own logging)",
     ),
     ToggleSpec(
         "TMAGUARD_TRACE",
